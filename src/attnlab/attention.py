@@ -1,0 +1,263 @@
+"""Attention building blocks with D2L's names, semantics and shapes.
+
+Source: Dive into Deep Learning (D2L), chapter 11 "Attention Mechanisms and
+Transformers": 11.3 (masked softmax, additive and scaled dot-product scoring),
+11.5 (multi-head attention), 11.6 (positional encoding), 11.7 (position-wise
+FFN, add & norm). Paper: Vaswani et al. 2017, "Attention Is All You Need",
+eq. (1) and section 3.2-3.5; Bahdanau et al. 2015, eq. (6) (additive score).
+
+Shape letters used throughout: B batch, Q queries, K key-value pairs, D/d
+feature sizes, H heads.
+"""
+from __future__ import annotations
+
+import math
+
+import torch
+from torch import nn
+from torch.nn import functional as F
+
+__all__ = [
+    "masked_softmax",
+    "AdditiveAttention",
+    "DotProductAttention",
+    "MultiHeadAttention",
+    "PositionalEncoding",
+    "PositionWiseFFN",
+    "AddNorm",
+    "transpose_qkv",
+    "transpose_output",
+]
+
+
+def _key_mask(valid_lens: torch.Tensor, num_queries: int, num_keys: int) -> torch.Tensor:
+    """Boolean mask (B, Q, K): True where key k is valid for query q.
+
+    ``valid_lens`` is (B,) (same length for every query of a sample) or
+    (B, Q) (one length per query, e.g. a causal mask).
+    """
+    if valid_lens.dim() == 1:
+        valid_lens = valid_lens[:, None].expand(-1, num_queries)
+    elif valid_lens.dim() != 2:
+        raise ValueError(
+            f"valid_lens must have shape (B,) or (B, Q); got {tuple(valid_lens.shape)}")
+    positions = torch.arange(num_keys, device=valid_lens.device)
+    return positions[None, None, :] < valid_lens[:, :, None]
+
+
+def masked_softmax(X: torch.Tensor, valid_lens: torch.Tensor | None) -> torch.Tensor:
+    """Softmax over the last axis that ignores keys past each valid length (D2L 11.3.2).
+
+    Args:
+        X: scores, float tensor of shape (B, Q, K).
+        valid_lens: ``None`` (all keys valid), int tensor (B,) or (B, Q).
+    Returns:
+        Weights of X's shape and dtype. Masked keys get exactly 0. A query
+        whose valid length is 0 gets all-zero weights (never NaN); D2L's own
+        version returns uniform weights there, which would attend to padding.
+    Raises:
+        ValueError: if ``valid_lens`` is neither (B,) nor (B, Q).
+    """
+    if valid_lens is None:
+        return F.softmax(X, dim=-1)
+    mask = _key_mask(valid_lens, X.shape[-2], X.shape[-1])
+    scores = X.masked_fill(~mask, float("-inf"))
+    # A row with no valid key is all -inf; softmax would give NaN. Zero it.
+    weights = F.softmax(scores, dim=-1)
+    return torch.where(mask, weights, torch.zeros((), dtype=weights.dtype, device=weights.device))
+
+
+class AdditiveAttention(nn.Module):
+    """Additive (Bahdanau) attention: a(q, k) = w_vᵀ tanh(W_q q + W_k k) (D2L eq. 11.3.7).
+
+    Args:
+        key_size: d_k; query_size: d_q.
+        num_hiddens: size h of the hidden layer of the scoring MLP.
+        dropout: dropout probability on the attention weights.
+    Shapes:
+        queries (B, Q, d_q), keys (B, K, d_k), values (B, K, d_v),
+        valid_lens None, (B,) or (B, Q) → output (B, Q, d_v).
+        ``self.attention_weights`` holds the last weights, (B, Q, K).
+    """
+
+    def __init__(self, key_size: int, query_size: int, num_hiddens: int, dropout: float = 0.0):
+        super().__init__()
+        self.W_k = nn.Linear(key_size, num_hiddens, bias=False)
+        self.W_q = nn.Linear(query_size, num_hiddens, bias=False)
+        self.w_v = nn.Linear(num_hiddens, 1, bias=False)
+        self.dropout = nn.Dropout(dropout)
+        self.attention_weights: torch.Tensor | None = None
+
+    def project_keys(self, keys: torch.Tensor) -> torch.Tensor:
+        """W_k k for every key, (B, K, h); lets a decoder compute it once per sequence."""
+        return self.W_k(keys)
+
+    def forward(self, queries, keys, values, valid_lens=None, projected_keys=None):
+        keys_h = self.W_k(keys) if projected_keys is None else projected_keys  # (B, K, h)
+        queries_h = self.W_q(queries)  # (B, Q, h)
+        features = torch.tanh(queries_h.unsqueeze(2) + keys_h.unsqueeze(1))  # (B, Q, K, h)
+        scores = self.w_v(features).squeeze(-1)  # (B, Q, K)
+        self.attention_weights = masked_softmax(scores, valid_lens)
+        return torch.bmm(self.dropout(self.attention_weights), values)  # (B, Q, d_v)
+
+
+class DotProductAttention(nn.Module):
+    """Scaled dot-product attention: softmax(Q Kᵀ / √d) V (D2L eq. 11.3.6; Vaswani et al. eq. 1).
+
+    Args:
+        dropout: dropout probability on the attention weights.
+    Shapes:
+        queries (B, Q, d), keys (B, K, d), values (B, K, d_v),
+        valid_lens None, (B,) or (B, Q) → output (B, Q, d_v), same dtype.
+        ``self.attention_weights`` holds the last weights, (B, Q, K).
+    """
+
+    def __init__(self, dropout: float = 0.0):
+        super().__init__()
+        self.dropout = nn.Dropout(dropout)
+        self.attention_weights: torch.Tensor | None = None
+
+    def forward(self, queries, keys, values, valid_lens=None):
+        d = queries.shape[-1]
+        scores = torch.bmm(queries, keys.transpose(1, 2)) / math.sqrt(d)  # (B, Q, K)
+        self.attention_weights = masked_softmax(scores, valid_lens)
+        return torch.bmm(self.dropout(self.attention_weights), values)
+
+
+def transpose_qkv(X: torch.Tensor, num_heads: int) -> torch.Tensor:
+    """(B, T, H·d) → (B·H, T, d), heads folded into the batch (D2L 11.5.2)."""
+    X = X.reshape(X.shape[0], X.shape[1], num_heads, -1)  # (B, T, H, d)
+    X = X.permute(0, 2, 1, 3)  # (B, H, T, d)
+    return X.reshape(-1, X.shape[2], X.shape[3])  # (B·H, T, d)
+
+
+def transpose_output(X: torch.Tensor, num_heads: int) -> torch.Tensor:
+    """Inverse of :func:`transpose_qkv`: (B·H, T, d) → (B, T, H·d)."""
+    X = X.reshape(-1, num_heads, X.shape[1], X.shape[2])  # (B, H, T, d)
+    X = X.permute(0, 2, 1, 3)  # (B, T, H, d)
+    return X.reshape(X.shape[0], X.shape[1], -1)
+
+
+class MultiHeadAttention(nn.Module):
+    """Multi-head attention with scaled dot-product heads (D2L 11.5; Vaswani et al. 3.2.2).
+
+    Args:
+        d_model: model width; must be divisible by ``num_heads``.
+        num_heads: number of heads H.
+        dropout: dropout probability on the attention weights.
+        bias: whether the four projections have biases.
+    Shapes:
+        queries (B, Q, d_model), keys and values (B, K, d_model),
+        valid_lens None, (B,) or (B, Q) → output (B, Q, d_model).
+        After a call with ``need_weights=True`` (the default, as in D2L),
+        ``self.attention_weights`` is (B, H, Q, K); with ``need_weights=False``
+        the fused ``scaled_dot_product_attention`` kernel is used and no
+        weights are kept.
+    Raises:
+        ValueError: if ``d_model`` is not divisible by ``num_heads``.
+    """
+
+    def __init__(self, d_model: int, num_heads: int, dropout: float = 0.0, bias: bool = False):
+        super().__init__()
+        if d_model % num_heads:
+            raise ValueError(
+                f"d_model={d_model} is not divisible by num_heads={num_heads}; "
+                "pick num_heads that divides d_model")
+        self.num_heads = num_heads
+        self.dropout_p = dropout
+        self.attention = DotProductAttention(dropout)
+        self.W_q = nn.Linear(d_model, d_model, bias=bias)
+        self.W_k = nn.Linear(d_model, d_model, bias=bias)
+        self.W_v = nn.Linear(d_model, d_model, bias=bias)
+        self.W_o = nn.Linear(d_model, d_model, bias=bias)
+        self.attention_weights: torch.Tensor | None = None
+
+    def forward(self, queries, keys, values, valid_lens=None, need_weights: bool = True):
+        B, Q, K = queries.shape[0], queries.shape[1], keys.shape[1]
+        q = transpose_qkv(self.W_q(queries), self.num_heads)  # (B·H, Q, d)
+        k = transpose_qkv(self.W_k(keys), self.num_heads)  # (B·H, K, d)
+        v = transpose_qkv(self.W_v(values), self.num_heads)  # (B·H, K, d)
+        if need_weights:
+            if valid_lens is not None:  # one copy per head, sample-major like q/k/v
+                valid_lens = torch.repeat_interleave(valid_lens, self.num_heads, dim=0)
+            out = self.attention(q, k, v, valid_lens)  # (B·H, Q, d)
+            self.attention_weights = self.attention.attention_weights.reshape(
+                B, self.num_heads, Q, K)
+        else:
+            mask = None
+            if valid_lens is not None:
+                mask = _key_mask(valid_lens, Q, K)  # (B, Q, K)
+                mask = mask.repeat_interleave(self.num_heads, dim=0)  # (B·H, Q, K)
+            p = self.dropout_p if self.training else 0.0
+            out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=p)
+            if mask is not None:  # rows with no valid key: zero, as masked_softmax does
+                out = out.masked_fill(~mask.any(-1, keepdim=True), 0.0)
+            self.attention_weights = None
+        return self.W_o(transpose_output(out, self.num_heads))  # (B, Q, d_model)
+
+
+class PositionalEncoding(nn.Module):
+    """Sinusoidal positional encoding (D2L 11.6.3; Vaswani et al. 3.5).
+
+    P[i, 2j] = sin(i / 10000^(2j/d)), P[i, 2j+1] = cos(i / 10000^(2j/d)).
+    An odd ``d_model`` works: sin fills the even columns, cos the odd ones.
+
+    Args:
+        d_model: feature size d.
+        dropout: dropout probability applied after adding P.
+        max_len: longest sequence supported.
+    Shapes: X (B, T, d_model) float → X + P[:T], same shape and dtype.
+    Raises:
+        ValueError: if T > max_len or d_model < 1.
+    """
+
+    def __init__(self, d_model: int, dropout: float = 0.0, max_len: int = 1000):
+        super().__init__()
+        if d_model < 1:
+            raise ValueError(f"d_model must be ≥ 1, got {d_model}")
+        self.dropout = nn.Dropout(dropout)
+        position = torch.arange(max_len, dtype=torch.float32)[:, None]
+        div = torch.pow(10000.0, torch.arange(0, d_model, 2, dtype=torch.float32) / d_model)
+        angles = position / div  # (max_len, ceil(d/2))
+        P = torch.zeros(1, max_len, d_model)
+        P[0, :, 0::2] = torch.sin(angles)
+        P[0, :, 1::2] = torch.cos(angles[:, : d_model // 2])
+        self.register_buffer("P", P, persistent=False)
+
+    def forward(self, X: torch.Tensor) -> torch.Tensor:
+        if X.shape[1] > self.P.shape[1]:
+            raise ValueError(
+                f"sequence length {X.shape[1]} exceeds PositionalEncoding max_len "
+                f"{self.P.shape[1]}; raise max_len")
+        return self.dropout(X + self.P[:, : X.shape[1], :].to(X.dtype))
+
+
+class PositionWiseFFN(nn.Module):
+    """Position-wise feed-forward network: W₂ ReLU(W₁ x + b₁) + b₂ (D2L 11.7.2; Vaswani et al. eq. 2).
+
+    Shapes: X (B, T, d_model) → (B, T, d_model); the hidden layer has ``ffn_hidden`` units.
+    """
+
+    def __init__(self, d_model: int, ffn_hidden: int):
+        super().__init__()
+        self.dense1 = nn.Linear(d_model, ffn_hidden)
+        self.relu = nn.ReLU()
+        self.dense2 = nn.Linear(ffn_hidden, d_model)
+
+    def forward(self, X):
+        return self.dense2(self.relu(self.dense1(X)))
+
+
+class AddNorm(nn.Module):
+    """Residual connection then layer norm: LayerNorm(X + Dropout(Y)) (D2L 11.7.2; post-norm).
+
+    Shapes: X, Y (B, T, d_model) → (B, T, d_model).
+    """
+
+    def __init__(self, d_model: int, dropout: float = 0.0):
+        super().__init__()
+        self.dropout = nn.Dropout(dropout)
+        self.ln = nn.LayerNorm(d_model)
+
+    def forward(self, X, Y):
+        return self.ln(self.dropout(Y) + X)

@@ -1,0 +1,122 @@
+"""Corpus readers: raw files under ``data/raw`` → lists of aligned (source, target) sentences.
+
+Normalization (both corpora): U+202F (narrow no-break space) and U+00A0
+(no-break space) become a plain space, runs of whitespace collapse to one
+space, and each line is stripped. Tatoeba's ``fra.txt`` has them before French
+punctuation (see ``../shared/data/README.md``).
+"""
+from __future__ import annotations
+
+import gzip
+import random
+import re
+import zipfile
+from pathlib import Path
+
+_SPACES = re.compile(r"[\s\u202f\u00a0]+")
+
+
+class CorpusError(ValueError):
+    """A corpus file is missing, unreadable or misaligned."""
+
+
+def normalize(line: str) -> str:
+    """Map U+202F/U+00A0 to spaces, collapse whitespace runs, strip. str → str."""
+    return _SPACES.sub(" ", line).strip()
+
+
+def read_lines(path: Path) -> list[str]:
+    """Normalized lines of a UTF-8 text file, gzip-compressed if it ends in ``.gz``.
+
+    Raises:
+        CorpusError: missing file (run the download stage) or non-UTF-8 bytes
+            (names the file and line number).
+    """
+    path = Path(path)
+    if not path.exists():
+        raise CorpusError(f"{path} does not exist; run `dvc repro download` "
+                          "(or `python src/download.py`) first")
+    opener = gzip.open if path.suffix == ".gz" else open
+    with opener(path, "rb") as f:
+        raw = f.read()
+    lines = raw.split(b"\n")
+    if lines and lines[-1] == b"":
+        lines.pop()
+    out = []
+    for i, b in enumerate(lines, 1):
+        try:
+            out.append(normalize(b.decode("utf-8")))
+        except UnicodeDecodeError as e:
+            raise CorpusError(f"{path}: line {i} is not valid UTF-8 ({e.reason})") from None
+    return out
+
+
+def read_parallel(src_path: Path, tgt_path: Path) -> list[tuple[str, str]]:
+    """Aligned pairs from two line-aligned files.
+
+    Raises:
+        CorpusError: if the two files have different line counts (names both files and counts).
+    """
+    src, tgt = read_lines(src_path), read_lines(tgt_path)
+    if len(src) != len(tgt):
+        raise CorpusError(
+            f"line counts differ: {src_path} has {len(src)} lines, {tgt_path} has {len(tgt)}; "
+            "the two sides of a split must be line-aligned")
+    return list(zip(src, tgt))
+
+
+def read_multi30k(raw_dir: Path, split: str, src_lang: str, tgt_lang: str) -> list[tuple[str, str]]:
+    """Multi30k task 1 split (train, val, test_2016_flickr, test_2017_flickr) from ``raw_dir``."""
+    raw_dir = Path(raw_dir)
+    return read_parallel(raw_dir / f"{split}.{src_lang}.gz", raw_dir / f"{split}.{tgt_lang}.gz")
+
+
+def read_fra_eng(zip_path: Path, src_lang: str = "en", tgt_lang: str = "fr") -> list[tuple[str, str]]:
+    """All pairs of D2L's ``fra-eng/fra.txt`` (``English<TAB>French`` per line), normalized.
+
+    Raises:
+        CorpusError: if the archive lacks ``fra-eng/fra.txt`` or a line has no tab.
+    """
+    if {src_lang, tgt_lang} != {"en", "fr"}:
+        raise CorpusError(f"fra_eng has only en and fr; got src_lang={src_lang}, tgt_lang={tgt_lang}")
+    with zipfile.ZipFile(zip_path) as zf:
+        try:
+            raw = zf.read("fra-eng/fra.txt")
+        except KeyError:
+            raise CorpusError(f"{zip_path} has no fra-eng/fra.txt") from None
+    pairs = []
+    for i, line in enumerate(raw.decode("utf-8").split("\n"), 1):
+        if not line.strip():
+            continue
+        cols = line.split("\t")
+        if len(cols) < 2:
+            raise CorpusError(f"{zip_path}:fra-eng/fra.txt line {i} has no tab separator")
+        en, fr = normalize(cols[0]), normalize(cols[1])
+        pairs.append((en, fr) if src_lang == "en" else (fr, en))
+    return pairs
+
+
+def split_heldout(pairs: list, num_val: int, num_test: int, seed: int) -> dict[str, list]:
+    """Fixed-seed shuffle, then the first ``num_test`` pairs are test, the next ``num_val`` val."""
+    order = list(range(len(pairs)))
+    random.Random(seed).shuffle(order)
+    shuffled = [pairs[i] for i in order]
+    return {"test": shuffled[:num_test], "val": shuffled[num_test:num_test + num_val],
+            "train": shuffled[num_test + num_val:]}
+
+
+def load_splits(data_cfg, raw_root: Path) -> dict[str, list[tuple[str, str]]]:
+    """The train/val/test pairs that a ``conf/data/*.yaml`` config names.
+
+    ``data_cfg.name`` is ``multi30k`` (splits from ``data_cfg.splits``) or
+    ``fra_eng`` (held-out split by ``data_cfg.heldout``).
+    """
+    raw_root = Path(raw_root)
+    if data_cfg.name == "multi30k":
+        return {k: read_multi30k(raw_root / "multi30k", split, data_cfg.src_lang, data_cfg.tgt_lang)
+                for k, split in data_cfg.splits.items()}
+    if data_cfg.name == "fra_eng":
+        pairs = read_fra_eng(raw_root / "fra-eng.zip", data_cfg.src_lang, data_cfg.tgt_lang)
+        h = data_cfg.heldout
+        return split_heldout(pairs, h.num_val, h.num_test, h.seed)
+    raise CorpusError(f"unknown corpus {data_cfg.name!r}; use data=multi30k or data=fra_eng")

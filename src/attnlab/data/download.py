@@ -1,0 +1,96 @@
+"""Fetch the raw corpora, verify SHA-256, write atomically.
+
+Each file comes from ``$ATTNLAB_DATA_MIRROR/<relative path>`` when that
+variable is set (a folder laid out like ``../shared/data``), else from its
+canonical URL. A file is accepted only if its SHA-256 (or SHA-1) is one of the
+known digests for it; it is written to a temporary file beside the target and
+renamed, so a failed or corrupt download leaves nothing behind. A target that
+already exists with a known digest is not fetched again.
+"""
+from __future__ import annotations
+
+import hashlib
+import os
+import shutil
+import tempfile
+import urllib.error
+import urllib.request
+from pathlib import Path
+
+MIRROR_ENV = "ATTNLAB_DATA_MIRROR"
+
+
+class DownloadError(RuntimeError):
+    """A source could not be fetched, or its checksum did not match."""
+
+
+def file_digest(path: Path, algorithm: str = "sha256") -> str:
+    """Hex digest (``sha256`` or ``sha1``) of a file, read in 1 MiB chunks."""
+    h = hashlib.new(algorithm)
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def verified(path: Path, digests: dict[str, list[str]]) -> tuple[bool, str]:
+    """Whether ``path`` matches one of the known ``{algorithm: [hex, ...]}`` digests,
+    and its SHA-256 (for error messages)."""
+    sha256 = file_digest(path, "sha256")
+    for algorithm, known in digests.items():
+        actual = sha256 if algorithm == "sha256" else file_digest(path, algorithm)
+        if actual in {d.lower() for d in known}:
+            return True, sha256
+    return False, sha256
+
+
+def _open_source(relpath: str, url: str, mirror: str | None):
+    if mirror:
+        src = Path(mirror) / relpath
+        if not src.exists():
+            raise DownloadError(f"{src} not found in the mirror {MIRROR_ENV}={mirror}; "
+                                "the mirror must be laid out like ../shared/data")
+        return open(src, "rb"), str(src)
+    try:
+        return urllib.request.urlopen(url, timeout=60), url
+    except (urllib.error.URLError, OSError) as e:
+        raise DownloadError(
+            f"cannot fetch {url} ({e}); offline? set {MIRROR_ENV} to a folder holding "
+            f"{relpath} (e.g. {MIRROR_ENV}=../shared/data)") from None
+
+
+def fetch(relpath: str, url: str, digests: dict[str, list[str]], dest_root: Path,
+          mirror: str | None = None) -> Path:
+    """Make ``dest_root/relpath`` a verified copy of the source; return its path.
+
+    Args:
+        relpath: path under the raw-data root and under the mirror, e.g. ``multi30k/train.en.gz``.
+        url: canonical address used when no mirror is given.
+        digests: accepted hex digests by algorithm, e.g. ``{"sha256": [...], "sha1": [...]}``
+            (a source may have several known versions).
+        dest_root: raw-data root, e.g. ``data/raw``.
+        mirror: mirror folder; defaults to ``$ATTNLAB_DATA_MIRROR``.
+    Raises:
+        DownloadError: unreachable source (names the URL and the variable) or a
+            digest not in ``sha256`` (names the file); no file is left behind.
+    """
+    mirror = os.environ.get(MIRROR_ENV) if mirror is None else mirror
+    dest = Path(dest_root) / relpath
+    if dest.exists() and verified(dest, digests)[0]:
+        return dest
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    stream, origin = _open_source(relpath, url, mirror)
+    fd, tmp = tempfile.mkstemp(prefix=f".{dest.name}.", suffix=".part", dir=dest.parent)
+    try:
+        with stream, os.fdopen(fd, "wb") as out:
+            shutil.copyfileobj(stream, out)
+        ok, digest = verified(Path(tmp), digests)
+        if not ok:
+            raise DownloadError(
+                f"checksum mismatch for {relpath} from {origin}: got sha256 {digest}, "
+                f"expected one of {dict(digests)}; the file was discarded")
+        os.replace(tmp, dest)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+    return dest

@@ -1,0 +1,98 @@
+"""Sentencepiece tokenizer: train on the training split, encode splits to compact arrays.
+
+Special ids are fixed and distinct (sentencepiece's default pad_id is -1,
+which ``nn.Embedding(padding_idx=-1)`` would read as the last row):
+``PAD_ID=0, UNK_ID=1, BOS_ID=2, EOS_ID=3``.
+
+An encoded split is one ``.npz`` with int32 arrays ``src_ids``/``tgt_ids``
+(all sentences concatenated, no bos/eos) and int64 ``src_offsets``/``tgt_offsets``
+(N+1 boundaries), written once by the tokenize stage and read back by training
+with no re-parsing (nanoGPT's ``prepare`` scheme).
+"""
+from __future__ import annotations
+
+import os
+import tempfile
+from pathlib import Path
+
+import numpy as np
+import sentencepiece as spm
+
+PAD_ID, UNK_ID, BOS_ID, EOS_ID = 0, 1, 2, 3
+
+
+def train_sentencepiece(sentences: list[str], model_prefix: Path, vocab_size: int,
+                        model_type: str = "bpe", character_coverage: float = 1.0,
+                        seed_sentencepiece_size: int = 1_000_000) -> spm.SentencePieceProcessor:
+    """Train a sentencepiece model on ``sentences``; writes ``<prefix>.model`` and ``.vocab``.
+
+    ``vocab_size`` is an upper bound (``hard_vocab_limit=False``) so a tiny
+    corpus still trains. Returns the loaded processor.
+    Raises:
+        ValueError: on an empty training corpus.
+    """
+    sentences = [s for s in sentences if s]
+    if not sentences:
+        raise ValueError("cannot train sentencepiece on an empty training split")
+    model_prefix = Path(model_prefix)
+    model_prefix.parent.mkdir(parents=True, exist_ok=True)
+    # Train into a temporary prefix, then rename: a killed run leaves no half model.
+    tmp_prefix = model_prefix.with_name(f".tmp-{os.getpid()}-{model_prefix.name}")
+    spm.SentencePieceTrainer.train(
+        sentence_iterator=iter(sentences), model_prefix=str(tmp_prefix),
+        vocab_size=vocab_size, model_type=model_type, character_coverage=character_coverage,
+        pad_id=PAD_ID, unk_id=UNK_ID, bos_id=BOS_ID, eos_id=EOS_ID,
+        hard_vocab_limit=False, seed_sentencepiece_size=seed_sentencepiece_size,
+        num_threads=os.cpu_count() or 1, minloglevel=2)
+    for ext in (".model", ".vocab"):
+        os.replace(f"{tmp_prefix}{ext}", f"{model_prefix}{ext}")
+    return load_sentencepiece(f"{model_prefix}.model")
+
+
+def load_sentencepiece(path) -> spm.SentencePieceProcessor:
+    """Load a model and check its special ids are this project's (pad ≥ 0, all distinct).
+
+    Raises:
+        ValueError: if the model was trained with other special ids.
+    """
+    sp = spm.SentencePieceProcessor(model_file=str(path))
+    ids = (sp.pad_id(), sp.unk_id(), sp.bos_id(), sp.eos_id())
+    if ids != (PAD_ID, UNK_ID, BOS_ID, EOS_ID):
+        raise ValueError(f"{path}: special ids (pad, unk, bos, eos) = {ids}, expected "
+                         f"{(PAD_ID, UNK_ID, BOS_ID, EOS_ID)}; retrain with src/tokenize_data.py")
+    return sp
+
+
+def _pack(seqs: list[list[int]]) -> tuple[np.ndarray, np.ndarray]:
+    offsets = np.zeros(len(seqs) + 1, dtype=np.int64)
+    offsets[1:] = np.cumsum([len(s) for s in seqs])
+    ids = np.fromiter((t for s in seqs for t in s), dtype=np.int32, count=int(offsets[-1]))
+    return ids, offsets
+
+
+def encode_split(sp: spm.SentencePieceProcessor, pairs: list[tuple[str, str]], path: Path) -> None:
+    """Encode (source, target) pairs and write them atomically to ``path`` (.npz)."""
+    src, tgt = zip(*pairs) if pairs else ((), ())
+    src_ids, src_off = _pack(sp.encode(list(src)))
+    tgt_ids, tgt_off = _pack(sp.encode(list(tgt)))
+    path = Path(path)
+    fd, tmp = tempfile.mkstemp(suffix=".npz", dir=path.parent)
+    with os.fdopen(fd, "wb") as f:
+        np.savez(f, src_ids=src_ids, src_offsets=src_off, tgt_ids=tgt_ids, tgt_offsets=tgt_off)
+    os.replace(tmp, path)
+
+
+def load_split(path: Path) -> tuple[list[np.ndarray], list[np.ndarray]]:
+    """Read an encoded split back: (source id arrays, target id arrays), one per sentence.
+
+    Raises:
+        FileNotFoundError: naming the stage to run when the split is missing.
+    """
+    path = Path(path)
+    if not path.exists():
+        raise FileNotFoundError(f"{path} not found; run `python src/tokenize_data.py` "
+                                "(or `dvc repro tokenize`) with the same data= option first")
+    z = np.load(path)
+    def unpack(ids, off):
+        return [ids[off[i]:off[i + 1]] for i in range(len(off) - 1)]
+    return unpack(z["src_ids"], z["src_offsets"]), unpack(z["tgt_ids"], z["tgt_offsets"])

@@ -1,0 +1,72 @@
+"""Build a task (LightningModule + dataloaders) from a composed Hydra config, and its heatmaps."""
+from __future__ import annotations
+
+from pathlib import Path
+
+from omegaconf import DictConfig, OmegaConf
+
+from attnlab.data.datamodule import TranslationDataModule
+from attnlab.lit.regression import RegressionModule, full_batch_loader, nw_evaluation
+from attnlab.lit.translation import TranslationModule
+from attnlab.models.nadaraya_watson import synthetic_regression
+from attnlab.viz import nw_figures, translation_heatmaps
+
+
+def _plain(node) -> dict:
+    """OmegaConf node → plain dict (checkpoints must load with ``weights_only=True``)."""
+    return OmegaConf.to_container(node, resolve=True)
+
+
+def regression_data(cfg: DictConfig) -> dict:
+    """D2L's synthetic NW data as ``data=synthetic`` configures it, seeded by ``cfg.seed``."""
+    if cfg.data.name != "synthetic":
+        raise ValueError(f"model=nw trains on data=synthetic, not data={cfg.data.name}; "
+                         "drop the data= override")
+    d = cfg.data
+    return synthetic_regression(d.n_train, d.noise_std, d.x_max, seed=cfg.seed)
+
+
+def read_lines(path: Path) -> list[str]:
+    return Path(path).read_text(encoding="utf-8").splitlines()
+
+
+def build_task(cfg: DictConfig):
+    """(module, (train_loader_or_datamodule,...)) for ``trainer.fit(module, *loaders)``.
+
+    Raises:
+        ValueError: model/data mismatch (NW needs data=synthetic; seq2seq models a corpus).
+    """
+    if cfg.model.task == "regression":
+        data = regression_data(cfg)
+        module = RegressionModule(optimizer=_plain(cfg.optimizer), init_w=cfg.model.init_w)
+        module.data = data
+        return module, (full_batch_loader(data["x_train"], data["y_train"]),
+                        full_batch_loader(data["x_test"], data["y_test"]))
+    if cfg.data.name == "synthetic":
+        raise ValueError(f"model={cfg.model.name} translates; choose data=multi30k or data=fra_eng")
+    dm = TranslationDataModule(cfg.paths.tokenized, cfg.model.batch_size, cfg.data.max_len, cfg.seed)
+    module = TranslationModule(net=_plain(cfg.model.net), optimizer=_plain(cfg.optimizer),
+                               vocab_size=dm.vocab_size, label_smoothing=cfg.model.label_smoothing,
+                               warmup_steps=cfg.model.warmup_steps)
+    attach_text(module, dm.tokenizer, cfg)
+    return module, (dm,)
+
+
+def attach_text(module: TranslationModule, tokenizer, cfg: DictConfig) -> None:
+    """Give a translation module its tokenizer and the val sentences scored for ``val_bleu``."""
+    tok_dir = Path(cfg.paths.tokenized)
+    n = cfg.data.val_bleu_sentences
+    module.tokenizer = tokenizer
+    module.val_texts = (read_lines(tok_dir / "val.src.txt")[:n], read_lines(tok_dir / "val.tgt.txt")[:n])
+
+
+def heatmaps(cfg: DictConfig, best, trained, out_dir: Path) -> list[Path]:
+    """Write the attention PNGs of the best checkpoint ``best`` into ``out_dir``."""
+    if cfg.model.task == "regression":
+        ev = nw_evaluation(trained.data, float(best.net.w))
+        d = trained.data
+        return nw_figures(d["x_train"], d["y_train"], d["x_test"], d["y_test"],
+                          ev["predictions"], ev["weights"], out_dir)
+    sources = read_lines(Path(cfg.paths.tokenized) / "val.src.txt")
+    chosen = [sources[i] for i in cfg.heatmap_sentences if i < len(sources)]
+    return translation_heatmaps(best.net, trained.tokenizer, chosen, out_dir)

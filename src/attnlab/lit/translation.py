@@ -1,0 +1,100 @@
+"""LightningModule for translation: teacher-forced cross-entropy training, val loss and BLEU."""
+from __future__ import annotations
+
+import math
+import time
+
+import lightning.pytorch as pl
+import torch
+from hydra.utils import instantiate
+from torch.nn import functional as F
+
+from attnlab.data.tokenizer import PAD_ID
+from attnlab.decoding import translate
+from attnlab.metrics import corpus_scores
+
+
+def inverse_sqrt_warmup(warmup_steps: int):
+    """LR multiplier: linear warmup to 1 over ``warmup_steps``, then (warmup/step)^0.5
+    (Vaswani et al. eq. 3, normalized to peak 1). ``warmup_steps=0`` keeps the LR constant."""
+    def factor(step: int) -> float:
+        if warmup_steps <= 0:
+            return 1.0
+        step = step + 1
+        return min(step / warmup_steps, math.sqrt(warmup_steps / step))
+    return factor
+
+
+class TranslationModule(pl.LightningModule):
+    """Wraps a seq2seq ``nn.Module`` (``attnlab.models``) built from its Hydra config.
+
+    Args:
+        net: Hydra config dict of the model (``_target_`` and sizes); ``vocab_size``
+            and ``pad_id`` are filled in here.
+        optimizer: Hydra config dict of a partial ``torch.optim`` optimizer.
+        vocab_size: joint vocabulary size.
+        label_smoothing: ε of the training loss (val loss is plain cross-entropy).
+        warmup_steps: see :func:`inverse_sqrt_warmup`.
+    Logged metrics: ``train_loss``, ``val_loss``, ``val_bleu`` (per epoch), ``tokens_per_sec``.
+    ``val_texts`` (sources, references) set by the caller enables ``val_bleu``.
+    """
+
+    def __init__(self, net: dict, optimizer: dict, vocab_size: int,
+                 label_smoothing: float = 0.1, warmup_steps: int = 0,
+                 val_batch_size: int = 256):
+        super().__init__()
+        self.save_hyperparameters(logger=False)
+        self.net = instantiate(net, vocab_size=vocab_size, pad_id=PAD_ID)
+        self.tokenizer = None
+        self.val_texts: tuple[list[str], list[str]] | None = None
+        self._epoch_tokens = 0
+        self._epoch_start = 0.0
+
+    def forward(self, src, src_valid_lens, tgt_in):
+        return self.net(src, src_valid_lens, tgt_in)
+
+    def _loss(self, batch, smoothing):
+        logits = self.net(batch["src"], batch["src_valid_lens"], batch["tgt_in"])  # (B, T, V)
+        return F.cross_entropy(logits.float().flatten(0, 1), batch["tgt_out"].flatten(),
+                               ignore_index=PAD_ID, label_smoothing=smoothing)
+
+    def training_step(self, batch, batch_idx):
+        loss = self._loss(batch, self.hparams.label_smoothing)
+        ntok = int((batch["tgt_out"] != PAD_ID).sum())
+        self._epoch_tokens += ntok
+        self.log("train_loss", loss, on_step=False, on_epoch=True, prog_bar=True,
+                 batch_size=ntok)
+        return loss
+
+    def on_train_epoch_start(self):
+        self._epoch_tokens, self._epoch_start = 0, time.perf_counter()
+
+    def on_train_epoch_end(self):
+        elapsed = time.perf_counter() - self._epoch_start
+        self.log("tokens_per_sec", self._epoch_tokens / max(elapsed, 1e-9), prog_bar=True)
+
+    def validation_step(self, batch, batch_idx):
+        loss = self._loss(batch, 0.0)
+        self.log("val_loss", loss, on_epoch=True, prog_bar=True,
+                 batch_size=int((batch["tgt_out"] != PAD_ID).sum()), sync_dist=True)
+
+    def on_validation_epoch_end(self):
+        if self.val_texts is None or self.tokenizer is None or self.trainer.sanity_checking:
+            return
+        sources, references = self.val_texts
+        hyps = self.translate(sources)
+        self.log("val_bleu", corpus_scores(hyps, references)["bleu"], prog_bar=True)
+
+    def translate(self, sentences: list[str]) -> list[str]:
+        """Greedy translations (detokenized text) of ``sentences``, in order."""
+        was_training = self.net.training
+        self.net.eval()
+        ids = translate(self.net.init_state, self.net.step, self.tokenizer, sentences,
+                        self.hparams.val_batch_size, self.device)
+        self.net.train(was_training)
+        return [self.tokenizer.decode(x) for x in ids]
+
+    def configure_optimizers(self):
+        opt = instantiate(self.hparams.optimizer)(params=self.parameters())
+        sched = torch.optim.lr_scheduler.LambdaLR(opt, inverse_sqrt_warmup(self.hparams.warmup_steps))
+        return {"optimizer": opt, "lr_scheduler": {"scheduler": sched, "interval": "step"}}

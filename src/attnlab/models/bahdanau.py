@@ -1,0 +1,91 @@
+"""GRU encoder–decoder with Bahdanau (additive) attention (D2L 11.4; Bahdanau et al. 2015).
+
+The decoder is D2L's ``Seq2SeqAttentionDecoder``: at step t the query is the
+top-layer hidden state s_{t-1}, the context c_t = Σ α(s_{t-1}, h_j) h_j comes
+from :class:`attnlab.attention.AdditiveAttention` over the encoder states, and
+[c_t; embed(y_{t-1})] is the GRU input. Training uses teacher forcing.
+The key projection W_k h_j is computed once per sentence, not once per step.
+"""
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from attnlab.attention import AdditiveAttention
+
+
+class Seq2SeqEncoder(nn.Module):
+    """Embedding + multi-layer GRU (D2L 10.7.2). src (B, S) → outputs (B, S, h), state (L, B, h)."""
+
+    def __init__(self, vocab_size, embed_size, num_hiddens, num_layers, dropout, pad_id):
+        super().__init__()
+        self.embedding = nn.Embedding(vocab_size, embed_size, padding_idx=pad_id)
+        self.rnn = nn.GRU(embed_size, num_hiddens, num_layers, dropout=dropout, batch_first=True)
+
+    def forward(self, src):
+        outputs, state = self.rnn(self.embedding(src))
+        return outputs, state
+
+
+class Bahdanau(nn.Module):
+    """Seq2seq with additive attention.
+
+    Args:
+        vocab_size: joint vocabulary size V.
+        embed_size: token embedding size.
+        num_hiddens: GRU hidden size h (also the attention MLP size, as in D2L).
+        num_layers: GRU layers in encoder and decoder.
+        dropout: dropout between GRU layers and on embeddings.
+        pad_id: padding token id.
+    """
+
+    kind = "bahdanau"
+
+    def __init__(self, vocab_size: int, embed_size: int = 256, num_hiddens: int = 256,
+                 num_layers: int = 1, dropout: float = 0.1, pad_id: int = 0):
+        super().__init__()
+        self.encoder = Seq2SeqEncoder(vocab_size, embed_size, num_hiddens, num_layers, dropout, pad_id)
+        self.attention = AdditiveAttention(num_hiddens, num_hiddens, num_hiddens, 0.0)
+        self.embedding = nn.Embedding(vocab_size, embed_size, padding_idx=pad_id)
+        self.rnn = nn.GRU(embed_size + num_hiddens, num_hiddens, num_layers,
+                          dropout=dropout, batch_first=True)
+        self.dropout = nn.Dropout(dropout)
+        self.dense = nn.Linear(num_hiddens, vocab_size)
+
+    def init_state(self, src, src_valid_lens):
+        """State (encoder outputs (B, S, h), valid lens (B,), hidden (L, B, h))."""
+        enc_outputs, hidden = self.encoder(src)
+        return (enc_outputs, src_valid_lens, hidden)
+
+    def _decode(self, tgt_in, enc_outputs, src_valid_lens, hidden, record=False):
+        """Run the decoder over tgt_in (B, T); returns logits (B, T, V), hidden, weights (B, T, S)."""
+        proj_keys = self.attention.project_keys(enc_outputs)  # (B, S, h)
+        X = self.dropout(self.embedding(tgt_in))  # (B, T, e)
+        outputs, weights = [], []
+        for t in range(X.shape[1]):
+            query = hidden[-1].unsqueeze(1)  # (B, 1, h)
+            context = self.attention(query, enc_outputs, enc_outputs, src_valid_lens,
+                                     projected_keys=proj_keys)  # (B, 1, h)
+            x = torch.cat((context, X[:, t : t + 1]), dim=-1)  # (B, 1, h + e)
+            out, hidden = self.rnn(x, hidden)  # out (B, 1, h)
+            outputs.append(out)
+            if record:
+                weights.append(self.attention.attention_weights)
+        logits = self.dense(self.dropout(torch.cat(outputs, dim=1)))  # (B, T, V)
+        return logits, hidden, (torch.cat(weights, dim=1) if record else None)
+
+    def forward(self, src, src_valid_lens, tgt_in):
+        """Teacher-forced logits (B, T, V) for source (B, S) and shifted target (B, T)."""
+        enc_outputs, valid, hidden = self.init_state(src, src_valid_lens)
+        return self._decode(tgt_in, enc_outputs, valid, hidden)[0]
+
+    def step(self, ys, enc_outputs, src_valid_lens, hidden):
+        """Logits (B, V) of the next token after prefix ``ys`` (B, T) and the new state."""
+        logits, hidden, _ = self._decode(ys[:, -1:], enc_outputs, src_valid_lens, hidden)
+        return (logits[:, -1], enc_outputs, src_valid_lens, hidden)
+
+    def attention_maps(self, src, src_valid_lens, tgt_in):
+        """Target-by-source alignment of a teacher-forced pass: {"alignment": [(B, 1, T, S)]}."""
+        enc_outputs, valid, hidden = self.init_state(src, src_valid_lens)
+        _, _, weights = self._decode(tgt_in, enc_outputs, valid, hidden, record=True)
+        return {"alignment": [weights.unsqueeze(1)]}

@@ -1,0 +1,132 @@
+"""Transformer encoder–decoder (D2L 11.7; Vaswani et al. 2017, section 3).
+
+Post-norm blocks built from :mod:`attnlab.attention`. Token ids are int64,
+``valid_lens`` int64 (B,). A joint source/target vocabulary lets the source
+embedding, target embedding and output projection share one matrix
+(Press & Wolf 2017; Vaswani et al. 3.4).
+"""
+from __future__ import annotations
+
+import math
+
+import torch
+from torch import nn
+
+from attnlab.attention import AddNorm, MultiHeadAttention, PositionalEncoding, PositionWiseFFN
+
+
+class TransformerEncoderBlock(nn.Module):
+    """Self-attention → add & norm → FFN → add & norm (D2L 11.7.2)."""
+
+    def __init__(self, d_model, num_heads, ffn_hidden, dropout):
+        super().__init__()
+        self.attention = MultiHeadAttention(d_model, num_heads, dropout)
+        self.addnorm1 = AddNorm(d_model, dropout)
+        self.ffn = PositionWiseFFN(d_model, ffn_hidden)
+        self.addnorm2 = AddNorm(d_model, dropout)
+
+    def forward(self, X, valid_lens, need_weights=False):  # X: (B, S, d_model)
+        Y = self.addnorm1(X, self.attention(X, X, X, valid_lens, need_weights=need_weights))
+        return self.addnorm2(Y, self.ffn(Y))
+
+
+class TransformerDecoderBlock(nn.Module):
+    """Causal self-attention, encoder–decoder attention, FFN, each with add & norm (D2L 11.7.4)."""
+
+    def __init__(self, d_model, num_heads, ffn_hidden, dropout):
+        super().__init__()
+        self.attention1 = MultiHeadAttention(d_model, num_heads, dropout)
+        self.addnorm1 = AddNorm(d_model, dropout)
+        self.attention2 = MultiHeadAttention(d_model, num_heads, dropout)
+        self.addnorm2 = AddNorm(d_model, dropout)
+        self.ffn = PositionWiseFFN(d_model, ffn_hidden)
+        self.addnorm3 = AddNorm(d_model, dropout)
+
+    def forward(self, X, enc_outputs, enc_valid_lens, need_weights=False):
+        B, T = X.shape[0], X.shape[1]
+        # Causal mask as per-query valid lengths: query t sees keys 0..t. (B, T)
+        dec_valid_lens = torch.arange(1, T + 1, device=X.device).expand(B, T)
+        X2 = self.attention1(X, X, X, dec_valid_lens, need_weights=need_weights)
+        Y = self.addnorm1(X, X2)
+        Y2 = self.attention2(Y, enc_outputs, enc_outputs, enc_valid_lens, need_weights=need_weights)
+        Z = self.addnorm2(Y, Y2)
+        return self.addnorm3(Z, self.ffn(Z))
+
+
+class Transformer(nn.Module):
+    """Encoder–decoder Transformer for translation.
+
+    Args:
+        vocab_size: joint vocabulary size V.
+        d_model, num_heads, num_layers, ffn_hidden, dropout: as in Vaswani et al.
+            (D2L: num_hiddens, num_heads, num_blks, ffn_num_hiddens, dropout).
+        pad_id: id of the padding token (its embedding row stays zero).
+        tie_embeddings: share source/target embeddings and the output projection.
+        max_len: longest sequence the positional encoding supports.
+    """
+
+    kind = "transformer"
+
+    def __init__(self, vocab_size: int, d_model: int = 256, num_heads: int = 4,
+                 num_layers: int = 3, ffn_hidden: int = 1024, dropout: float = 0.1,
+                 pad_id: int = 0, tie_embeddings: bool = True, max_len: int = 512):
+        super().__init__()
+        self.d_model = d_model
+        self.src_embedding = nn.Embedding(vocab_size, d_model, padding_idx=pad_id)
+        self.tgt_embedding = (self.src_embedding if tie_embeddings
+                              else nn.Embedding(vocab_size, d_model, padding_idx=pad_id))
+        self.pos_encoding = PositionalEncoding(d_model, dropout, max_len)
+        self.encoder_blocks = nn.ModuleList(
+            TransformerEncoderBlock(d_model, num_heads, ffn_hidden, dropout) for _ in range(num_layers))
+        self.decoder_blocks = nn.ModuleList(
+            TransformerDecoderBlock(d_model, num_heads, ffn_hidden, dropout) for _ in range(num_layers))
+        self.output = nn.Linear(d_model, vocab_size, bias=False)
+        nn.init.normal_(self.src_embedding.weight, std=d_model ** -0.5)
+        if tie_embeddings:
+            self.output.weight = self.tgt_embedding.weight
+        with torch.no_grad():
+            self.src_embedding.weight[pad_id].zero_()
+
+    def _embed(self, embedding, tokens):
+        return self.pos_encoding(embedding(tokens) * math.sqrt(self.d_model))
+
+    def encode(self, src, src_valid_lens, need_weights=False):
+        """src (B, S) int64, src_valid_lens (B,) → encoder outputs (B, S, d_model)."""
+        X = self._embed(self.src_embedding, src)
+        for blk in self.encoder_blocks:
+            X = blk(X, src_valid_lens, need_weights)
+        return X
+
+    def decode(self, tgt_in, enc_outputs, src_valid_lens, need_weights=False):
+        """tgt_in (B, T) int64 (starts with <bos>) → logits (B, T, V), teacher forcing."""
+        X = self._embed(self.tgt_embedding, tgt_in)
+        for blk in self.decoder_blocks:
+            X = blk(X, enc_outputs, src_valid_lens, need_weights)
+        return self.output(X)
+
+    def forward(self, src, src_valid_lens, tgt_in):
+        """Teacher-forced logits (B, T, V) for source (B, S) and shifted target (B, T)."""
+        return self.decode(tgt_in, self.encode(src, src_valid_lens), src_valid_lens)
+
+    # --- decoding interface shared with Bahdanau (see attnlab.decoding) ---
+    def init_state(self, src, src_valid_lens):
+        """Decoder state for greedy decoding: (encoder outputs, source valid lengths)."""
+        return (self.encode(src, src_valid_lens), src_valid_lens)
+
+    def step(self, ys, enc_outputs, src_valid_lens):
+        """Logits (B, V) of the next token after prefix ``ys`` (B, T); state unchanged."""
+        return (self.decode(ys, enc_outputs, src_valid_lens)[:, -1], enc_outputs, src_valid_lens)
+
+    def attention_maps(self, src, src_valid_lens, tgt_in):
+        """Per-layer, per-head weights of one teacher-forced pass (for heatmaps).
+
+        Returns a dict ``{"encoder_self": [...], "decoder_self": [...],
+        "encoder_decoder": [...]}``, each a list over layers of (B, H, Q, K) tensors.
+        """
+        enc = self.encode(src, src_valid_lens, need_weights=True)
+        self.decode(tgt_in, enc, src_valid_lens, need_weights=True)
+        return {
+            "encoder_self": [b.attention.attention_weights for b in self.encoder_blocks],
+            "decoder_self": [b.attention1.attention_weights for b in self.decoder_blocks],
+            "encoder_decoder": [b.attention2.attention_weights for b in self.decoder_blocks],
+        }

@@ -1,0 +1,19 @@
+"""Shared fixtures. ``tests/`` is on sys.path so tests can import corpus_fixture."""
+import os
+import sys
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).parent))
+
+PROJECT_ROOT = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture(scope="session")
+def mirror_dir() -> Path:
+    """The offline corpus mirror (``$ATTNLAB_DATA_MIRROR``, else ``../shared/data``); skip if absent."""
+    path = Path(os.environ.get("ATTNLAB_DATA_MIRROR") or PROJECT_ROOT.parent / "shared" / "data")
+    if not (path / "multi30k").is_dir():
+        pytest.skip(f"no corpus mirror at {path}; set ATTNLAB_DATA_MIRROR")
+    return path.resolve()

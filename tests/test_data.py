@@ -1,0 +1,184 @@
+"""Data stages: download (checksums, atomic writes), corpus readers, sentencepiece, batching."""
+import gzip
+import hashlib
+import os
+import zipfile
+
+import numpy as np
+import pytest
+import torch
+
+from attnlab.data.batching import BucketBatchSampler, PairDataset, collate
+from attnlab.data.corpora import CorpusError, normalize, read_fra_eng, read_lines, read_parallel
+from attnlab.data.download import DownloadError, fetch
+from attnlab.data.tokenizer import (BOS_ID, EOS_ID, PAD_ID, UNK_ID, encode_split, load_split,
+                                    train_sentencepiece)
+from corpus_fixture import sentences, write_mirror
+
+
+# --- download -----------------------------------------------------------------
+
+def _digest(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
+
+
+def test_fetch_from_url_verifies_and_writes(tmp_path):
+    src = tmp_path / "src.bin"
+    src.write_bytes(b"hello")
+    out = fetch("x/f.bin", src.as_uri(), {"sha256": [_digest(b"hello")]}, tmp_path / "raw", mirror="")
+    assert out.read_bytes() == b"hello"
+
+
+def test_fetch_accepts_any_known_digest_algorithm(tmp_path):
+    src = tmp_path / "src.bin"
+    src.write_bytes(b"hello")
+    sha1 = hashlib.sha1(b"hello").hexdigest()
+    out = fetch("f.bin", src.as_uri(), {"sha256": ["0" * 64], "sha1": [sha1]}, tmp_path / "raw", mirror="")
+    assert out.exists()
+
+
+def test_corrupted_download_leaves_nothing_and_names_the_file(tmp_path):
+    src = tmp_path / "src.bin"
+    src.write_bytes(b"corrupted")
+    raw = tmp_path / "raw"
+    with pytest.raises(DownloadError, match=r"checksum mismatch for multi30k/train\.en\.gz"):
+        fetch("multi30k/train.en.gz", src.as_uri(), {"sha256": [_digest(b"good")]}, raw, mirror="")
+    assert list(raw.rglob("*")) == [raw / "multi30k"]  # no file, no .part left behind
+
+
+def test_verified_file_is_not_fetched_again(tmp_path):
+    raw = tmp_path / "raw"
+    (raw).mkdir()
+    (raw / "f.bin").write_bytes(b"hello")
+    # The source does not exist: a fetch would fail, so success proves no fetch happened.
+    out = fetch("f.bin", (tmp_path / "missing").as_uri(), {"sha256": [_digest(b"hello")]}, raw, mirror="")
+    assert out.read_bytes() == b"hello"
+
+
+def test_offline_without_mirror_names_url_and_variable(tmp_path):
+    url = "http://127.0.0.1:9/multi30k/train.en.gz"  # discard port: connection refused
+    with pytest.raises(DownloadError) as e:
+        fetch("multi30k/train.en.gz", url, {"sha256": ["0" * 64]}, tmp_path, mirror="")
+    assert url in str(e.value) and "ATTNLAB_DATA_MIRROR" in str(e.value)
+
+
+def test_mirror_is_used_and_missing_mirror_file_is_named(tmp_path):
+    mirror = tmp_path / "mirror"
+    digests = write_mirror(mirror)
+    out = fetch("fra-eng.zip", "http://unused.invalid/", {"sha256": [digests["fra-eng.zip"]]},
+                tmp_path / "raw", mirror=str(mirror))
+    assert out.read_bytes() == (mirror / "fra-eng.zip").read_bytes()
+    with pytest.raises(DownloadError, match="nope.gz not found in the mirror"):
+        fetch("nope.gz", "http://unused.invalid/", {"sha256": ["0"]}, tmp_path / "raw", mirror=str(mirror))
+
+
+# --- corpus readers -----------------------------------------------------------
+
+def test_normalize_maps_no_break_spaces_and_strips():
+    assert normalize("  Va\u202f!  ") == "Va !"
+    assert normalize("Quoi\u00a0?\tNon") == "Quoi ? Non"
+    assert normalize("Va\u202f!").split(" ") == ["Va", "!"]
+
+
+def test_unequal_line_counts_name_both_files(tmp_path):
+    a, b = tmp_path / "train.en.gz", tmp_path / "train.fr.gz"
+    a.write_bytes(gzip.compress(b"one\ntwo\nthree\n"))
+    b.write_bytes(gzip.compress(b"un\ndeux\n"))
+    with pytest.raises(CorpusError, match=r"train\.en\.gz has 3 lines, .*train\.fr\.gz has 2"):
+        read_parallel(a, b)
+
+
+def test_non_utf8_line_is_reported_with_its_number(tmp_path):
+    p = tmp_path / "bad.txt"
+    p.write_bytes(b"fine\nbad \xff byte\n")
+    with pytest.raises(CorpusError, match="bad.txt: line 2 is not valid UTF-8"):
+        read_lines(p)
+
+
+def test_fra_eng_reader_normalizes_narrow_spaces(tmp_path):
+    write_mirror(tmp_path)
+    pairs = read_fra_eng(tmp_path / "fra-eng.zip")
+    assert len(pairs) == len(sentences())
+    assert all("\u202f" not in fr and fr.endswith(" !") for _, fr in pairs)
+
+
+def test_fra_eng_reader_rejects_other_languages(tmp_path):
+    write_mirror(tmp_path)
+    with pytest.raises(CorpusError, match="only en and fr"):
+        read_fra_eng(tmp_path / "fra-eng.zip", "en", "de")
+
+
+# --- sentencepiece ------------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def sp(tmp_path_factory):
+    text = [s for e, f, _ in sentences() for s in (e, f)]
+    return train_sentencepiece(text, tmp_path_factory.mktemp("spm") / "spm", vocab_size=120)
+
+
+def test_special_ids_are_explicit_distinct_and_non_negative(sp):
+    ids = (sp.pad_id(), sp.unk_id(), sp.bos_id(), sp.eos_id())
+    assert ids == (PAD_ID, UNK_ID, BOS_ID, EOS_ID) == (0, 1, 2, 3)
+    assert min(ids) >= 0 and len(set(ids)) == 4
+
+
+def test_tokenizer_round_trips_and_split_arrays(sp, tmp_path):
+    pairs = [(e, f) for e, f, _ in sentences()[:5]]
+    assert sp.decode(sp.encode(pairs[0][1])) == pairs[0][1]
+    encode_split(sp, pairs, tmp_path / "s.npz")
+    src, tgt = load_split(tmp_path / "s.npz")
+    assert [list(map(int, s)) for s in src] == sp.encode([e for e, _ in pairs])
+    assert [list(map(int, t)) for t in tgt] == sp.encode([f for _, f in pairs])
+    assert np.load(tmp_path / "s.npz")["src_ids"].dtype == np.int32
+
+
+def test_empty_training_split_is_an_error(tmp_path):
+    with pytest.raises(ValueError, match="empty training split"):
+        train_sentencepiece(["", ""], tmp_path / "spm", 50)
+
+
+def test_missing_split_names_the_stage(tmp_path):
+    with pytest.raises(FileNotFoundError, match="tokenize_data.py"):
+        load_split(tmp_path / "train.npz")
+
+
+# --- batching -----------------------------------------------------------------
+
+def test_collate_builds_teacher_forcing_batch():
+    b = collate([(np.array([5, 6]), np.array([7])), (np.array([8]), np.array([9, 10]))])
+    assert b["src"].tolist() == [[5, 6, EOS_ID], [8, EOS_ID, PAD_ID]]
+    assert b["src_valid_lens"].tolist() == [3, 2]
+    assert b["tgt_in"].tolist() == [[BOS_ID, 7, PAD_ID], [BOS_ID, 9, 10]]
+    assert b["tgt_out"].tolist() == [[7, EOS_ID, PAD_ID], [9, 10, EOS_ID]]
+    assert b["src"].dtype == torch.long
+
+
+def test_bucket_sampler_covers_every_index_once_and_groups_lengths():
+    lengths = [(i * 7) % 23 for i in range(100)]
+    s = BucketBatchSampler(lengths, batch_size=10, seed=1, pool_batches=10)
+    batches = list(iter(s))
+    assert len(batches) == len(s) == 10
+    assert sorted(i for b in batches for i in b) == list(range(100))
+    spread = [max(lengths[i] for i in b) - min(lengths[i] for i in b) for b in batches]
+    assert max(spread) <= 3  # sorted pool: each batch spans a narrow length range
+    assert list(iter(s)) != batches  # reshuffled next epoch
+
+
+def test_pair_dataset_drops_long_pairs():
+    ds = PairDataset([np.arange(3), np.arange(10)], [np.arange(2), np.arange(2)], max_len=5)
+    assert len(ds) == 1 and ds.num_dropped == 1
+
+
+def test_real_multi30k_mirror_reads_aligned(mirror_dir):
+    from attnlab.data.corpora import read_multi30k
+    pairs = read_multi30k(mirror_dir / "multi30k", "val", "en", "fr")
+    assert len(pairs) == 1014
+    assert all(e == e.strip() and f == f.strip() for e, f in pairs)
+
+
+def test_real_fra_eng_has_no_narrow_spaces_after_reading(mirror_dir):
+    pairs = read_fra_eng(mirror_dir / "fra-eng.zip")
+    assert len(pairs) == 167130
+    assert not any("\u202f" in f or "\u00a0" in f for _, f in pairs)
+    with zipfile.ZipFile(mirror_dir / "fra-eng.zip") as zf:
+        assert "\u202f" in zf.read("fra-eng/fra.txt").decode()  # the raw file does have them

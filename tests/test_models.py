@@ -1,0 +1,148 @@
+"""Models: Nadaraya–Watson by hand, seq2seq shapes, causality, decoding, export equivalence."""
+import math
+
+import pytest
+import torch
+
+from attnlab.data.tokenizer import BOS_ID, EOS_ID, PAD_ID, train_sentencepiece
+from attnlab.decoding import greedy_decode, strip_special, translate
+from attnlab.export import export_translation, load_translator
+from attnlab.models.bahdanau import Bahdanau
+from attnlab.models.nadaraya_watson import (NadarayaWatson, leave_one_out, synthetic_regression,
+                                            true_function)
+from attnlab.models.transformer import Transformer
+from corpus_fixture import sentences
+
+
+# --- Nadaraya–Watson ----------------------------------------------------------
+
+def test_nw_gaussian_weights_equal_softmax_of_squared_distance():
+    x = torch.tensor([0.0, 1.0, 3.0])
+    y = torch.tensor([1.0, 2.0, 4.0])
+    nw = NadarayaWatson(parametric=False)
+    out = nw(torch.tensor([1.5]), x, y)
+    logits = [-(1.5 - xi) ** 2 / 2 for xi in (0.0, 1.0, 3.0)]
+    z = sum(math.exp(v) for v in logits)
+    w = [math.exp(v) / z for v in logits]
+    assert nw.attention_weights[0].tolist() == pytest.approx(w, abs=1e-7)
+    assert out.item() == pytest.approx(sum(wi * yi for wi, yi in zip(w, (1, 2, 4))), abs=1e-6)
+
+
+def test_nw_parametric_width_scales_distance():
+    nw = NadarayaWatson(parametric=True, init_w=2.0)
+    nw(torch.tensor([0.0]), torch.tensor([0.0, 1.0]), torch.tensor([0.0, 1.0]))
+    # softmax([0, -(1·2)²/2]) = softmax([0, -2])
+    assert nw.attention_weights[0, 1].item() == pytest.approx(1 / (1 + math.exp(2)), abs=1e-7)
+    assert nw.w.requires_grad and not NadarayaWatson(parametric=False).w.requires_grad
+
+
+def test_leave_one_out_excludes_each_query():
+    x = torch.tensor([1.0, 2.0, 3.0])
+    keys, values = leave_one_out(x, x * 10)
+    assert keys.tolist() == [[2.0, 3.0], [1.0, 3.0], [1.0, 2.0]]
+    assert values.tolist() == [[20.0, 30.0], [10.0, 30.0], [10.0, 20.0]]
+
+
+def test_synthetic_data_is_d2ls():
+    d = synthetic_regression(seed=3)
+    assert d["x_train"].shape == (50,) and torch.all(d["x_train"][1:] >= d["x_train"][:-1])
+    assert 0 <= d["x_train"].min() and d["x_train"].max() < 5
+    assert d["x_test"].tolist() == pytest.approx([i * 0.1 for i in range(50)], abs=1e-6)
+    assert torch.allclose(d["y_test"], 2 * torch.sin(d["x_test"]) + d["x_test"] ** 0.8)
+    resid = d["y_train"] - true_function(d["x_train"])
+    assert 0.3 < resid.std().item() < 0.7  # noise N(0, 0.5²)
+
+
+# --- seq2seq models -----------------------------------------------------------
+
+def _models(vocab=30):
+    torch.manual_seed(0)
+    return [Transformer(vocab, d_model=16, num_heads=2, num_layers=2, ffn_hidden=32, dropout=0.0),
+            Bahdanau(vocab, embed_size=8, num_hiddens=16, num_layers=2, dropout=0.0)]
+
+
+@pytest.mark.parametrize("net", _models(), ids=["transformer", "bahdanau"])
+def test_seq2seq_shapes_and_attention_maps(net):
+    src = torch.randint(4, 30, (2, 5))
+    valid = torch.tensor([5, 3])
+    tgt_in = torch.randint(4, 30, (2, 4))
+    assert net(src, valid, tgt_in).shape == (2, 4, 30)
+    maps = net.eval().attention_maps(src, valid, tgt_in)
+    for kind, layers in maps.items():
+        for w in layers:
+            assert w.shape[0] == 2 and w.shape[-1] in (4, 5)
+            assert torch.allclose(w.sum(-1), torch.ones(w.shape[:-1]), atol=1e-5)
+            if w.shape[-1] == 5:  # attention over the source never reaches sample 1's padding
+                assert torch.all(w[1, ..., 3:] == 0)
+
+
+@pytest.mark.parametrize("net", _models(), ids=["transformer", "bahdanau"])
+def test_decoder_is_causal(net):
+    net.eval()
+    src, valid = torch.randint(4, 30, (1, 5)), torch.tensor([5])
+    a = torch.tensor([[BOS_ID, 7, 8, 9]])
+    b = torch.tensor([[BOS_ID, 7, 20, 21]])
+    la, lb = net(src, valid, a), net(src, valid, b)
+    assert torch.allclose(la[:, :2], lb[:, :2], atol=1e-6)
+    assert not torch.allclose(la[:, 2:], lb[:, 2:])
+
+
+@pytest.mark.parametrize("net", _models(), ids=["transformer", "bahdanau"])
+def test_greedy_step_matches_teacher_forcing(net):
+    """Each greedy token is the arg-max of a teacher-forced pass over the decoded prefix."""
+    net.eval()
+    src, valid = torch.randint(4, 30, (3, 6)), torch.tensor([6, 4, 2])
+    ys = greedy_decode(net.init_state, net.step, src, valid, max_len=5)
+    prefix = torch.cat([torch.full((3, 1), BOS_ID), ys[:, :-1]], dim=1)
+    tf = net(src, valid, prefix).argmax(-1)
+    for i in range(3):
+        out = strip_special(ys[i].tolist())
+        assert tf[i, : len(out)].tolist() == out
+
+
+def test_greedy_pads_after_eos():
+    class Fixed:
+        """Emits 5, then <eos> for sample 0; 6 forever for sample 1."""
+        def init_state(self, src, valid):
+            return (src,)
+
+        def step(self, ys, src):
+            logits = torch.zeros(2, 10)
+            t = ys.shape[1]
+            logits[0, 5 if t == 1 else EOS_ID] = 1
+            logits[1, 6] = 1
+            return logits, src
+
+    f = Fixed()
+    ys = greedy_decode(f.init_state, f.step, torch.zeros(2, 3, dtype=torch.long),
+                       torch.tensor([3, 3]), max_len=4)
+    assert ys.tolist() == [[5, EOS_ID, PAD_ID, PAD_ID], [6, 6, 6, 6]]
+
+
+@pytest.fixture(scope="module")
+def tiny_spm(tmp_path_factory):
+    text = [s for e, f, _ in sentences() for s in (e, f)]
+    d = tmp_path_factory.mktemp("spm")
+    train_sentencepiece(text, d / "spm", vocab_size=120)
+    return d / "spm.model"
+
+
+@pytest.mark.parametrize("kind", ["transformer", "bahdanau"])
+def test_export_decodes_the_same_tokens(kind, tiny_spm, tmp_path):
+    import sentencepiece as spm
+    sp = spm.SentencePieceProcessor(model_file=str(tiny_spm))
+    V = sp.get_piece_size()
+    torch.manual_seed(1)
+    net = (Transformer(V, 16, 2, 2, 32, 0.0) if kind == "transformer"
+           else Bahdanau(V, 8, 16, 2, 0.0)).eval()
+    export_translation(net, tiny_spm, tmp_path / kind, {"model": kind})
+    init_state, step, tok, cfg = load_translator(tmp_path / kind)
+    assert cfg["model"] == kind and cfg["task"] == "translation"
+    texts = [e for e, _, _ in sentences()[:7]] + ["", "A dog."]
+    assert translate(init_state, step, tok, texts, batch_size=4) == \
+        translate(net.init_state, net.step, sp, texts, batch_size=4)
+
+
+def test_load_translator_missing_folder_names_the_fix(tmp_path):
+    with pytest.raises(FileNotFoundError, match="src/export.py"):
+        load_translator(tmp_path / "nothing")
