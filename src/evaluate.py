@@ -1,7 +1,9 @@
 """DVC stage `evaluate@<model>`: score the best checkpoint on the test split.
 
 Seq2seq models: greedy decoding of the configured test split, detokenized,
-scored with sacreBLEU (corpus BLEU cased 13a, lowercased BLEU, chrF). NW: test MSE.
+scored with sacreBLEU (corpus BLEU cased 13a, lowercased BLEU, chrF); the
+translations go to metrics/<model>.hyp.txt. NW: test MSE against D2L's
+average-pooling and non-parametric baselines.
 Writes metrics/<model>.json and logs test_* metrics to the model's MLflow run.
     python src/evaluate.py model=transformer
 """
@@ -11,42 +13,32 @@ from pathlib import Path
 import hydra
 from omegaconf import DictConfig
 
-from attnlab.lit.regression import RegressionModule, nw_evaluation
-from attnlab.lit.setup import read_lines, regression_data
-from attnlab.lit.translation import TranslationModule
+from attnlab.checkpoint import load_net
+from attnlab.data.corpora import read_lines
 from attnlab.data.tokenizer import load_sentencepiece
+from attnlab.decoding import translate
 from attnlab.metrics import corpus_scores
+from attnlab.models.nadaraya_watson import nw_evaluation, synthetic_from_config
 from attnlab.tracking import log_to_run, read_run_record, write_json
-
-
-def evaluate_translation(cfg: DictConfig, checkpoint: str) -> tuple[dict, list[str]]:
-    module = TranslationModule.load_from_checkpoint(checkpoint, map_location="cpu", weights_only=True)
-    tok_dir = Path(cfg.paths.tokenized)
-    module.tokenizer = load_sentencepiece(tok_dir / "spm.model")
-    sources, references = read_lines(tok_dir / "test.src.txt"), read_lines(tok_dir / "test.tgt.txt")
-    hypotheses = module.translate(sources)
-    scores = corpus_scores(hypotheses, references)
-    scores["num_sentences"] = len(hypotheses)
-    return scores, hypotheses
-
-
-def evaluate_regression(cfg: DictConfig, checkpoint: str) -> dict:
-    module = RegressionModule.load_from_checkpoint(checkpoint, map_location="cpu", weights_only=True)
-    ev = nw_evaluation(regression_data(cfg), float(module.net.w.detach()))
-    return {k: ev[k] for k in ("mse", "mse_nonparametric", "mse_average_pooling", "w")}
 
 
 @hydra.main(version_base="1.3", config_path="../conf", config_name="config")
 def main(cfg: DictConfig) -> None:
     name = cfg.model.name
     record = read_run_record(Path(cfg.paths.runs) / f"{name}.json", name)
+    net = load_net(record["checkpoint"], expected_kind=name)
     metrics_path = Path(cfg.paths.metrics) / f"{name}.json"
     if cfg.model.task == "regression":
-        scores = evaluate_regression(cfg, record["checkpoint"])
-        logged = {"test_mse": scores["mse"]}
-        artifacts = []
+        ev = nw_evaluation(synthetic_from_config(cfg.data, cfg.seed), float(net.w.detach()))
+        scores = {k: ev[k] for k in ("mse", "mse_nonparametric", "mse_average_pooling", "w")}
+        logged, artifacts = {"test_mse": scores["mse"]}, []
     else:
-        scores, hypotheses = evaluate_translation(cfg, record["checkpoint"])
+        tok_dir = Path(cfg.paths.tokenized)
+        tokenizer = load_sentencepiece(tok_dir / "spm.model")
+        sources, references = read_lines(tok_dir / "test.src.txt"), read_lines(tok_dir / "test.tgt.txt")
+        hypotheses = [tokenizer.decode(ids) for ids in
+                      translate(net.init_state, net.step, tokenizer, sources, batch_size=256)]
+        scores = {**corpus_scores(hypotheses, references), "num_sentences": len(hypotheses)}
         logged = {"test_bleu": scores["bleu"], "test_bleu_lc": scores["bleu_lc"],
                   "test_chrf": scores["chrf"]}
         hyp_path = metrics_path.with_suffix(".hyp.txt")

@@ -9,10 +9,9 @@ from pathlib import Path
 import hydra
 from omegaconf import DictConfig, OmegaConf
 
+from attnlab.checkpoint import load_net
 from attnlab.export import export_regression, export_translation
-from attnlab.lit.regression import RegressionModule
-from attnlab.lit.setup import regression_data
-from attnlab.lit.translation import TranslationModule
+from attnlab.models.nadaraya_watson import synthetic_from_config
 from attnlab.tracking import read_run_record
 
 
@@ -20,19 +19,16 @@ from attnlab.tracking import read_run_record
 def main(cfg: DictConfig) -> None:
     name = cfg.model.name
     record = read_run_record(Path(cfg.paths.runs) / f"{name}.json", name)
+    net = load_net(record["checkpoint"], expected_kind=name)
     out_dir = Path(cfg.paths.models) / name
     facts = {"model": name, "mlflow_run_id": record["run_id"],
-             "model_config": OmegaConf.to_container(cfg.model, resolve=True)}
+             "model_config": OmegaConf.to_container(cfg.model, resolve=True),
+             "data": OmegaConf.to_container(cfg.data, resolve=True)}
     if cfg.model.task == "regression":
-        module = RegressionModule.load_from_checkpoint(record["checkpoint"], map_location="cpu",
-                                                       weights_only=True)
-        data = regression_data(cfg)
-        export_regression(module.net, data["x_train"], data["y_train"], out_dir, facts)
+        data = synthetic_from_config(cfg.data, cfg.seed)
+        export_regression(net, data["x_train"], data["y_train"], out_dir, facts)
     else:
-        module = TranslationModule.load_from_checkpoint(record["checkpoint"], map_location="cpu",
-                                                        weights_only=True)
-        facts["data"] = OmegaConf.to_container(cfg.data, resolve=True)
-        export_translation(module.net, Path(cfg.paths.tokenized) / "spm.model", out_dir, facts)
+        export_translation(net, Path(cfg.paths.tokenized) / "spm.model", out_dir, facts)
     print(f"{name}: exported → {out_dir}")
 
 

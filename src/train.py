@@ -15,6 +15,7 @@ from lightning.pytorch.callbacks import ModelCheckpoint
 from lightning.pytorch.loggers import MLFlowLogger
 from omegaconf import DictConfig, OmegaConf
 
+from attnlab.checkpoint import load_net
 from attnlab.lit.setup import build_task, heatmaps
 from attnlab.tracking import write_json
 
@@ -38,9 +39,8 @@ def main(cfg: DictConfig) -> None:
         trainer.save_checkpoint(best_path)
     if not trainer.is_global_zero:
         return
-    best = type(module).load_from_checkpoint(best_path, map_location="cpu", weights_only=True)
     with tempfile.TemporaryDirectory() as tmp:
-        heatmaps(cfg, best, module, Path(tmp))
+        heatmaps(cfg, load_net(best_path, expected_kind=cfg.model.name), module, Path(tmp))
         logger.experiment.log_artifacts(logger.run_id, tmp, "attention")
     write_json(Path(cfg.paths.runs) / f"{cfg.model.name}.json", {
         "run_id": logger.run_id, "tracking_uri": cfg.mlflow.tracking_uri,

@@ -146,3 +146,23 @@ def test_export_decodes_the_same_tokens(kind, tiny_spm, tmp_path):
 def test_load_translator_missing_folder_names_the_fix(tmp_path):
     with pytest.raises(FileNotFoundError, match="src/export.py"):
         load_translator(tmp_path / "nothing")
+
+
+def test_load_net_rebuilds_a_checkpoint_without_lightning(tmp_path):
+    from attnlab.checkpoint import CheckpointError, load_net
+
+    torch.manual_seed(0)
+    net = Transformer(30, 16, 2, 1, 32, 0.0).eval()
+    hp = {"net": {"_target_": "attnlab.models.transformer.Transformer", "d_model": 16,
+                  "num_heads": 2, "num_layers": 1, "ffn_hidden": 32, "dropout": 0.0},
+          "vocab_size": 30}
+    torch.save({"hyper_parameters": hp,
+                "state_dict": {f"net.{k}": v for k, v in net.state_dict().items()}},
+               tmp_path / "best.ckpt")
+    loaded = load_net(tmp_path / "best.ckpt", expected_kind="transformer")
+    src, valid, tgt = torch.randint(4, 30, (2, 5)), torch.tensor([5, 2]), torch.randint(4, 30, (2, 3))
+    assert torch.equal(loaded(src, valid, tgt), net(src, valid, tgt))
+    with pytest.raises(CheckpointError, match="holds a transformer model, not bahdanau"):
+        load_net(tmp_path / "best.ckpt", expected_kind="bahdanau")
+    with pytest.raises(CheckpointError, match="not found"):
+        load_net(tmp_path / "missing.ckpt")

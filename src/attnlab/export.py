@@ -61,6 +61,14 @@ def _trace(module: nn.Module, example: tuple) -> torch.jit.ScriptModule:
         return torch.jit.trace(module, example, check_trace=False)
 
 
+def _staging_dir(out_dir: Path) -> Path:
+    """An empty, world-readable folder beside ``out_dir`` to build the export in."""
+    out_dir.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.", dir=out_dir.parent))
+    os.chmod(tmp, 0o755)  # mkdtemp makes 0700
+    return tmp
+
+
 def _publish(tmp: Path, out_dir: Path) -> None:
     """Replace ``out_dir`` by the finished ``tmp`` folder (never a half-written export)."""
     out_dir = Path(out_dir)
@@ -89,8 +97,7 @@ def export_translation(net: nn.Module, tokenizer_path: Path, out_dir: Path, conf
     sp = spm.SentencePieceProcessor(model_file=str(tokenizer_path))
     src, valid = encode_sources(sp, ["a first example sentence .", "two"])
     out_dir = Path(out_dir)
-    out_dir.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.", dir=out_dir.parent))
+    tmp = _staging_dir(out_dir)
     with torch.no_grad():
         state = net.init_state(src, valid)
         ys = torch.full((src.shape[0], 3), 4, dtype=torch.long)
@@ -107,8 +114,7 @@ def export_regression(net: nn.Module, x_train: torch.Tensor, y_train: torch.Tens
                       out_dir: Path, config: dict) -> Path:
     """Trace a NW model with its training points as keys/values into ``out_dir/model.pt``."""
     out_dir = Path(out_dir)
-    out_dir.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.", dir=out_dir.parent))
+    tmp = _staging_dir(out_dir)
     predictor = _NWPredictor(net.eval(), x_train, y_train)
     with torch.no_grad():
         _trace(predictor, (x_train[:3].clone(),)).save(str(tmp / "model.pt"))

@@ -23,6 +23,7 @@ def write_json(path: Path, obj) -> None:
     with os.fdopen(fd, "w") as f:
         json.dump(obj, f, indent=2, sort_keys=True)
         f.write("\n")
+    os.chmod(tmp, 0o644)  # mkstemp makes 0600
     os.replace(tmp, path)
 
 

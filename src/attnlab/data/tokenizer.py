@@ -79,6 +79,7 @@ def encode_split(sp: spm.SentencePieceProcessor, pairs: list[tuple[str, str]], p
     fd, tmp = tempfile.mkstemp(suffix=".npz", dir=path.parent)
     with os.fdopen(fd, "wb") as f:
         np.savez(f, src_ids=src_ids, src_offsets=src_off, tgt_ids=tgt_ids, tgt_offsets=tgt_off)
+    os.chmod(tmp, 0o644)  # mkstemp makes 0600
     os.replace(tmp, path)
 
 

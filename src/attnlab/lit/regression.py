@@ -42,23 +42,3 @@ class RegressionModule(pl.LightningModule):
 def full_batch_loader(x: torch.Tensor, y: torch.Tensor) -> DataLoader:
     """One batch holding all of (x, y), in order."""
     return DataLoader(TensorDataset(x, y), batch_size=len(x), shuffle=False)
-
-
-def nw_evaluation(data: dict[str, torch.Tensor], w: float) -> dict:
-    """Test MSE of average pooling, non-parametric NW (w=1) and parametric NW (learned w).
-
-    Returns ``{"mse": parametric, "mse_nonparametric": …, "mse_average_pooling": …, "w": w}``
-    and the (m, n) weight matrix of the parametric model under key ``"weights"``,
-    predictions under ``"predictions"``.
-    """
-    x, y, xt, yt = data["x_train"], data["y_train"], data["x_test"], data["y_test"]
-    preds = {"average pooling": y.mean().expand_as(yt)}
-    with torch.no_grad():
-        preds["non-parametric (w=1)"] = NadarayaWatson(parametric=False)(xt, x, y)
-        param = NadarayaWatson(parametric=False, init_w=w)
-        preds[f"parametric (w={w:.2f})"] = param(xt, x, y)
-    mse = {k: float(((p - yt) ** 2).mean()) for k, p in preds.items()}
-    names = list(preds)
-    return {"mse": mse[names[2]], "mse_nonparametric": mse[names[1]],
-            "mse_average_pooling": mse[names[0]], "w": w,
-            "weights": param.attention_weights, "predictions": preds}

@@ -5,29 +5,17 @@ from pathlib import Path
 
 from omegaconf import DictConfig, OmegaConf
 
+from attnlab.data.corpora import read_lines
 from attnlab.data.datamodule import TranslationDataModule
-from attnlab.lit.regression import RegressionModule, full_batch_loader, nw_evaluation
+from attnlab.lit.regression import RegressionModule, full_batch_loader
 from attnlab.lit.translation import TranslationModule
-from attnlab.models.nadaraya_watson import synthetic_regression
+from attnlab.models.nadaraya_watson import nw_evaluation, synthetic_from_config
 from attnlab.viz import nw_figures, translation_heatmaps
 
 
 def _plain(node) -> dict:
     """OmegaConf node → plain dict (checkpoints must load with ``weights_only=True``)."""
     return OmegaConf.to_container(node, resolve=True)
-
-
-def regression_data(cfg: DictConfig) -> dict:
-    """D2L's synthetic NW data as ``data=synthetic`` configures it, seeded by ``cfg.seed``."""
-    if cfg.data.name != "synthetic":
-        raise ValueError(f"model=nw trains on data=synthetic, not data={cfg.data.name}; "
-                         "drop the data= override")
-    d = cfg.data
-    return synthetic_regression(d.n_train, d.noise_std, d.x_max, seed=cfg.seed)
-
-
-def read_lines(path: Path) -> list[str]:
-    return Path(path).read_text(encoding="utf-8").splitlines()
 
 
 def build_task(cfg: DictConfig):
@@ -37,7 +25,7 @@ def build_task(cfg: DictConfig):
         ValueError: model/data mismatch (NW needs data=synthetic; seq2seq models a corpus).
     """
     if cfg.model.task == "regression":
-        data = regression_data(cfg)
+        data = synthetic_from_config(cfg.data, cfg.seed)
         module = RegressionModule(optimizer=_plain(cfg.optimizer), init_w=cfg.model.init_w)
         module.data = data
         return module, (full_batch_loader(data["x_train"], data["y_train"]),
@@ -60,13 +48,16 @@ def attach_text(module: TranslationModule, tokenizer, cfg: DictConfig) -> None:
     module.val_texts = (read_lines(tok_dir / "val.src.txt")[:n], read_lines(tok_dir / "val.tgt.txt")[:n])
 
 
-def heatmaps(cfg: DictConfig, best, trained, out_dir: Path) -> list[Path]:
-    """Write the attention PNGs of the best checkpoint ``best`` into ``out_dir``."""
+def heatmaps(cfg: DictConfig, net, trained, out_dir: Path) -> list[Path]:
+    """Write the attention PNGs of ``net`` (the best checkpoint's model) into ``out_dir``.
+
+    ``trained`` is the module that was fit: it holds the data (NW) or tokenizer.
+    """
     if cfg.model.task == "regression":
-        ev = nw_evaluation(trained.data, float(best.net.w))
+        ev = nw_evaluation(trained.data, float(net.w.detach()))
         d = trained.data
         return nw_figures(d["x_train"], d["y_train"], d["x_test"], d["y_test"],
                           ev["predictions"], ev["weights"], out_dir)
     sources = read_lines(Path(cfg.paths.tokenized) / "val.src.txt")
     chosen = [sources[i] for i in cfg.heatmap_sentences if i < len(sources)]
-    return translation_heatmaps(best.net, trained.tokenizer, chosen, out_dir)
+    return translation_heatmaps(net, trained.tokenizer, chosen, out_dir)

@@ -48,7 +48,7 @@ class TranslationModule(pl.LightningModule):
         self.tokenizer = None
         self.val_texts: tuple[list[str], list[str]] | None = None
         self._epoch_tokens = 0
-        self._epoch_start = 0.0
+        self._epoch_start = self._epoch_train_time = 0.0
 
     def forward(self, src, src_valid_lens, tgt_in):
         return self.net(src, src_valid_lens, tgt_in)
@@ -69,9 +69,12 @@ class TranslationModule(pl.LightningModule):
     def on_train_epoch_start(self):
         self._epoch_tokens, self._epoch_start = 0, time.perf_counter()
 
+    def on_train_batch_end(self, outputs, batch, batch_idx):
+        self._epoch_train_time = time.perf_counter() - self._epoch_start  # after the optimizer step
+
     def on_train_epoch_end(self):
-        elapsed = time.perf_counter() - self._epoch_start
-        self.log("tokens_per_sec", self._epoch_tokens / max(elapsed, 1e-9), prog_bar=True)
+        # Lightning runs validation before this hook; the time is taken at the last training step.
+        self.log("tokens_per_sec", self._epoch_tokens / max(self._epoch_train_time, 1e-9))
 
     def validation_step(self, batch, batch_idx):
         loss = self._loss(batch, 0.0)

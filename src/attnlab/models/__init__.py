@@ -1,0 +1,1 @@
+"""Plain nn.Module models: Nadaraya–Watson, Bahdanau seq2seq, Transformer."""

@@ -31,6 +31,18 @@ def synthetic_regression(n_train: int = 50, noise_std: float = 0.5, x_max: float
             "y_test": true_function(x_test)}
 
 
+def synthetic_from_config(data_cfg, seed: int) -> dict[str, torch.Tensor]:
+    """:func:`synthetic_regression` with the sizes of a ``conf/data/synthetic.yaml`` config.
+
+    Raises:
+        ValueError: if the config is not ``data=synthetic`` (NW trains on nothing else).
+    """
+    if data_cfg.name != "synthetic":
+        raise ValueError(f"model=nw trains on data=synthetic, not data={data_cfg.name}; "
+                         "drop the data= override")
+    return synthetic_regression(data_cfg.n_train, data_cfg.noise_std, data_cfg.x_max, seed=seed)
+
+
 class NadarayaWatson(nn.Module):
     """Gaussian-kernel attention pooling.
 
@@ -61,3 +73,23 @@ def leave_one_out(x: torch.Tensor, y: torch.Tensor) -> tuple[torch.Tensor, torch
     n = x.shape[0]
     mask = ~torch.eye(n, dtype=torch.bool)
     return x.expand(n, n)[mask].reshape(n, n - 1), y.expand(n, n)[mask].reshape(n, n - 1)
+
+
+def nw_evaluation(data: dict[str, torch.Tensor], w: float) -> dict:
+    """Test MSE of average pooling, non-parametric NW (w=1) and parametric NW (learned w).
+
+    Returns ``{"mse": parametric, "mse_nonparametric": …, "mse_average_pooling": …, "w": w}``
+    and the (m, n) weight matrix of the parametric model under key ``"weights"``,
+    predictions under ``"predictions"``.
+    """
+    x, y, xt, yt = data["x_train"], data["y_train"], data["x_test"], data["y_test"]
+    preds = {"average pooling": y.mean().expand_as(yt)}
+    with torch.no_grad():
+        preds["non-parametric (w=1)"] = NadarayaWatson(parametric=False)(xt, x, y)
+        param = NadarayaWatson(parametric=False, init_w=w)
+        preds[f"parametric (w={w:.2f})"] = param(xt, x, y)
+    mse = {k: float(((p - yt) ** 2).mean()) for k, p in preds.items()}
+    names = list(preds)
+    return {"mse": mse[names[2]], "mse_nonparametric": mse[names[1]],
+            "mse_average_pooling": mse[names[0]], "w": w,
+            "weights": param.attention_weights, "predictions": preds}

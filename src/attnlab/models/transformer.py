@@ -97,12 +97,16 @@ class Transformer(nn.Module):
             X = blk(X, src_valid_lens, need_weights)
         return X
 
-    def decode(self, tgt_in, enc_outputs, src_valid_lens, need_weights=False):
-        """tgt_in (B, T) int64 (starts with <bos>) → logits (B, T, V), teacher forcing."""
+    def decoder_states(self, tgt_in, enc_outputs, src_valid_lens, need_weights=False):
+        """tgt_in (B, T) int64 (starts with <bos>) → top decoder states (B, T, d_model)."""
         X = self._embed(self.tgt_embedding, tgt_in)
         for blk in self.decoder_blocks:
             X = blk(X, enc_outputs, src_valid_lens, need_weights)
-        return self.output(X)
+        return X
+
+    def decode(self, tgt_in, enc_outputs, src_valid_lens, need_weights=False):
+        """tgt_in (B, T) int64 (starts with <bos>) → logits (B, T, V), teacher forcing."""
+        return self.output(self.decoder_states(tgt_in, enc_outputs, src_valid_lens, need_weights))
 
     def forward(self, src, src_valid_lens, tgt_in):
         """Teacher-forced logits (B, T, V) for source (B, S) and shifted target (B, T)."""
@@ -115,7 +119,8 @@ class Transformer(nn.Module):
 
     def step(self, ys, enc_outputs, src_valid_lens):
         """Logits (B, V) of the next token after prefix ``ys`` (B, T); state unchanged."""
-        return (self.decode(ys, enc_outputs, src_valid_lens)[:, -1], enc_outputs, src_valid_lens)
+        last = self.decoder_states(ys, enc_outputs, src_valid_lens)[:, -1]  # (B, d_model)
+        return (self.output(last), enc_outputs, src_valid_lens)
 
     def attention_maps(self, src, src_valid_lens, tgt_in):
         """Per-layer, per-head weights of one teacher-forced pass (for heatmaps).
@@ -124,7 +129,7 @@ class Transformer(nn.Module):
         "encoder_decoder": [...]}``, each a list over layers of (B, H, Q, K) tensors.
         """
         enc = self.encode(src, src_valid_lens, need_weights=True)
-        self.decode(tgt_in, enc, src_valid_lens, need_weights=True)
+        self.decoder_states(tgt_in, enc, src_valid_lens, need_weights=True)
         return {
             "encoder_self": [b.attention.attention_weights for b in self.encoder_blocks],
             "decoder_self": [b.attention1.attention_weights for b in self.decoder_blocks],

@@ -1,0 +1,1 @@
+"""Data flow: corpora → download → tokenizer → batching → datamodule."""
