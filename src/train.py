@@ -45,8 +45,8 @@ def main(cfg: DictConfig) -> None:
     write_json(Path(cfg.paths.runs) / f"{cfg.model.name}.json", {
         "run_id": logger.run_id, "tracking_uri": cfg.mlflow.tracking_uri,
         "experiment": cfg.mlflow.experiment, "checkpoint": best_path})
-    print(f"{cfg.model.name}: checkpoint {best_path}, MLflow run {logger.run_id} "
-          f"(browse with `mlflow ui --backend-store-uri {cfg.mlflow.tracking_uri}`)")
+    print(f"{cfg.model.name}: checkpoint {best_path}; MLflow run {logger.run_id} in "
+          f"{cfg.mlflow.tracking_uri} (the default store: run `mlflow ui` from the project root)")
 
 
 if __name__ == "__main__":

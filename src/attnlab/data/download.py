@@ -72,7 +72,7 @@ def fetch(relpath: str, url: str, digests: dict[str, list[str]], dest_root: Path
         mirror: mirror folder; defaults to ``$ATTNLAB_DATA_MIRROR``.
     Raises:
         DownloadError: unreachable source (names the URL and the variable) or a
-            digest not in ``sha256`` (names the file); no file is left behind.
+            digest not in ``digests`` (names the file); no file is left behind.
     """
     mirror = os.environ.get(MIRROR_ENV) if mirror is None else mirror
     dest = Path(dest_root) / relpath
