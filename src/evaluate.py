@@ -7,7 +7,6 @@ average-pooling and non-parametric baselines.
 Writes metrics/<model>.json and logs test_* metrics to the model's MLflow run.
     python src/evaluate.py model=transformer
 """
-import os
 from pathlib import Path
 
 import hydra
@@ -16,10 +15,11 @@ from omegaconf import DictConfig
 from attnlab.checkpoint import load_net
 from attnlab.data.corpora import read_lines
 from attnlab.data.tokenizer import load_sentencepiece
-from attnlab.decoding import translate
+from attnlab.decoding import translate_text
 from attnlab.metrics import corpus_scores
 from attnlab.models.nadaraya_watson import nw_evaluation, synthetic_from_config
-from attnlab.tracking import log_to_run, read_run_record, write_json
+from attnlab.files import write_json_atomic, write_lines_atomic
+from attnlab.tracking import log_to_run, read_run_record
 
 
 @hydra.main(version_base="1.3", config_path="../conf", config_name="config")
@@ -36,18 +36,13 @@ def main(cfg: DictConfig) -> None:
         tok_dir = Path(cfg.paths.tokenized)
         tokenizer = load_sentencepiece(tok_dir / "spm.model")
         sources, references = read_lines(tok_dir / "test.src.txt"), read_lines(tok_dir / "test.tgt.txt")
-        hypotheses = [tokenizer.decode(ids) for ids in
-                      translate(net.init_state, net.step, tokenizer, sources, batch_size=256)]
+        hypotheses = translate_text(net.init_state, net.step, tokenizer, sources, batch_size=256)
         scores = {**corpus_scores(hypotheses, references), "num_sentences": len(hypotheses)}
         logged = {"test_bleu": scores["bleu"], "test_bleu_lc": scores["bleu_lc"],
                   "test_chrf": scores["chrf"]}
-        hyp_path = metrics_path.with_suffix(".hyp.txt")
-        hyp_path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = hyp_path.with_name(hyp_path.name + ".tmp")
-        tmp.write_text("".join(h + "\n" for h in hypotheses), encoding="utf-8")
-        os.replace(tmp, hyp_path)
+        hyp_path = write_lines_atomic(metrics_path.with_suffix(".hyp.txt"), hypotheses)
         artifacts = [(hyp_path, "evaluation")]
-    write_json(metrics_path, scores)
+    write_json_atomic(metrics_path, scores)
     log_to_run(record["run_id"], record["tracking_uri"], logged, artifacts)
     print(f"{name}: " + ", ".join(f"{k}={v:.4g}" for k, v in scores.items()) + f" → {metrics_path}")
 

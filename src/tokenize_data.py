@@ -4,7 +4,6 @@ Writes to data/tokenized/<corpus>-<src>-<tgt>/: spm.model, spm.vocab,
 {train,val,test}.npz (token ids) and {val,test}.{src,tgt}.txt (normalized text).
     python src/tokenize_data.py data=multi30k data.tgt_lang=de
 """
-import os
 from pathlib import Path
 
 import hydra
@@ -12,12 +11,7 @@ from omegaconf import DictConfig
 
 from attnlab.data.corpora import CorpusError, load_splits
 from attnlab.data.tokenizer import encode_split, train_sentencepiece
-
-
-def write_lines(path: Path, lines) -> None:
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text("".join(line + "\n" for line in lines), encoding="utf-8")
-    os.replace(tmp, path)
+from attnlab.files import write_lines_atomic
 
 
 @hydra.main(version_base="1.3", config_path="../conf", config_name="config")
@@ -35,8 +29,8 @@ def main(cfg: DictConfig) -> None:
     for name, pairs in splits.items():
         encode_split(sp, pairs, out / f"{name}.npz")
         if name != "train":
-            write_lines(out / f"{name}.src.txt", [s for s, _ in pairs])
-            write_lines(out / f"{name}.tgt.txt", [t for _, t in pairs])
+            write_lines_atomic(out / f"{name}.src.txt", [s for s, _ in pairs])
+            write_lines_atomic(out / f"{name}.tgt.txt", [t for _, t in pairs])
         print(f"{name}: {len(pairs)} pairs")
     print(f"vocabulary: {sp.get_piece_size()} pieces → {out}")
 

@@ -17,7 +17,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from attnlab.checkpoint import load_net
 from attnlab.lit.setup import build_task, heatmaps
-from attnlab.tracking import write_json
+from attnlab.files import write_json_atomic
 
 
 @hydra.main(version_base="1.3", config_path="../conf", config_name="config")
@@ -42,7 +42,7 @@ def main(cfg: DictConfig) -> None:
     with tempfile.TemporaryDirectory() as tmp:
         heatmaps(cfg, load_net(best_path, expected_kind=cfg.model.name), module, Path(tmp))
         logger.experiment.log_artifacts(logger.run_id, tmp, "attention")
-    write_json(Path(cfg.paths.runs) / f"{cfg.model.name}.json", {
+    write_json_atomic(Path(cfg.paths.runs) / f"{cfg.model.name}.json", {
         "run_id": logger.run_id, "tracking_uri": cfg.mlflow.tracking_uri,
         "experiment": cfg.mlflow.experiment, "checkpoint": best_path})
     print(f"{cfg.model.name}: checkpoint {best_path}; MLflow run {logger.run_id} in "

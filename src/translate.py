@@ -9,7 +9,7 @@ from pathlib import Path
 import hydra
 from omegaconf import DictConfig
 
-from attnlab.decoding import translate
+from attnlab.decoding import translate_text
 from attnlab.export import load_translator
 
 
@@ -18,8 +18,8 @@ def main(cfg: DictConfig) -> None:
     init_state, step, tokenizer, _ = load_translator(Path(cfg.paths.models) / cfg.model.name)
     text = cfg.get("text")
     sentences = [str(text)] if text is not None else [line.rstrip("\n") for line in sys.stdin]
-    for ids in translate(init_state, step, tokenizer, sentences):
-        print(tokenizer.decode(ids))
+    for line in translate_text(init_state, step, tokenizer, sentences):
+        print(line)
 
 
 if __name__ == "__main__":

@@ -61,6 +61,13 @@ def strip_special(ids: Sequence[int]) -> list[int]:
     return out
 
 
+def translate_text(init_state: Callable, step: Callable, tokenizer, sentences: Sequence[str],
+                   batch_size: int = 128, device: torch.device | str = "cpu") -> list[str]:
+    """:func:`translate`, detokenized: one translation string per sentence, input order."""
+    return [tokenizer.decode(ids)
+            for ids in translate(init_state, step, tokenizer, sentences, batch_size, device)]
+
+
 def encode_sources(tokenizer, sentences: Sequence[str]) -> tuple[torch.Tensor, torch.Tensor]:
     """Sentences → (src (B, S) with <eos> and <pad>, src_valid_lens (B,)), int64."""
     seqs = [ids + [EOS_ID] for ids in tokenizer.encode(list(sentences))]
@@ -87,3 +94,10 @@ def translate(init_state: Callable, step: Callable, tokenizer, sentences: Sequen
         for i, row in zip(idx, ys.tolist()):
             out[i] = strip_special(row)
     return out
+
+
+def translate_text(init_state: Callable, step: Callable, tokenizer, sentences: Sequence[str],
+                   batch_size: int = 128, device: torch.device | str = "cpu") -> list[str]:
+    """:func:`translate`, detokenized: one translation string per sentence, input order."""
+    return [tokenizer.decode(ids)
+            for ids in translate(init_state, step, tokenizer, sentences, batch_size, device)]

@@ -10,21 +10,7 @@ and export add to the same run.
 from __future__ import annotations
 
 import json
-import os
-import tempfile
 from pathlib import Path
-
-
-def write_json(path: Path, obj) -> None:
-    """Write ``obj`` as indented JSON atomically (temp file + rename)."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(suffix=".json", dir=path.parent)
-    with os.fdopen(fd, "w") as f:
-        json.dump(obj, f, indent=2, sort_keys=True)
-        f.write("\n")
-    os.chmod(tmp, 0o644)  # mkstemp makes 0600
-    os.replace(tmp, path)
 
 
 def read_run_record(path: Path, model: str) -> dict:

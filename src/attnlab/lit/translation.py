@@ -10,7 +10,7 @@ from hydra.utils import instantiate
 from torch.nn import functional as F
 
 from attnlab.data.tokenizer import PAD_ID
-from attnlab.decoding import translate
+from attnlab.decoding import translate_text
 from attnlab.metrics import corpus_scores
 
 
@@ -92,10 +92,10 @@ class TranslationModule(pl.LightningModule):
         """Greedy translations (detokenized text) of ``sentences``, in order."""
         was_training = self.net.training
         self.net.eval()
-        ids = translate(self.net.init_state, self.net.step, self.tokenizer, sentences,
-                        self.hparams.val_batch_size, self.device)
+        hyps = translate_text(self.net.init_state, self.net.step, self.tokenizer, sentences,
+                              self.hparams.val_batch_size, self.device)
         self.net.train(was_training)
-        return [self.tokenizer.decode(x) for x in ids]
+        return hyps
 
     def configure_optimizers(self):
         opt = instantiate(self.hparams.optimizer)(params=self.parameters())

@@ -4,7 +4,8 @@ The decoder is D2L's ``Seq2SeqAttentionDecoder``: at step t the query is the
 top-layer hidden state s_{t-1}, the context c_t = Σ α(s_{t-1}, h_j) h_j comes
 from :class:`attnlab.attention.AdditiveAttention` over the encoder states, and
 [c_t; embed(y_{t-1})] is the GRU input. Training uses teacher forcing.
-The key projection W_k h_j is computed once per sentence, not once per step.
+The key projection W_k h_j is computed once per sentence (it is part of the
+decoding state), not once per step.
 """
 from __future__ import annotations
 
@@ -53,13 +54,12 @@ class Bahdanau(nn.Module):
         self.dense = nn.Linear(num_hiddens, vocab_size)
 
     def init_state(self, src, src_valid_lens):
-        """State (encoder outputs (B, S, h), valid lens (B,), hidden (L, B, h))."""
+        """State (encoder outputs (B, S, h), valid lens (B,), hidden (L, B, h), W_k·keys (B, S, h))."""
         enc_outputs, hidden = self.encoder(src)
-        return (enc_outputs, src_valid_lens, hidden)
+        return (enc_outputs, src_valid_lens, hidden, self.attention.project_keys(enc_outputs))
 
-    def _decode(self, tgt_in, enc_outputs, src_valid_lens, hidden, record=False):
+    def _decode(self, tgt_in, enc_outputs, src_valid_lens, hidden, proj_keys, record=False):
         """Run the decoder over tgt_in (B, T); returns logits (B, T, V), hidden, weights (B, T, S)."""
-        proj_keys = self.attention.project_keys(enc_outputs)  # (B, S, h)
         X = self.dropout(self.embedding(tgt_in))  # (B, T, e)
         outputs, weights = [], []
         for t in range(X.shape[1]):
@@ -76,16 +76,14 @@ class Bahdanau(nn.Module):
 
     def forward(self, src, src_valid_lens, tgt_in):
         """Teacher-forced logits (B, T, V) for source (B, S) and shifted target (B, T)."""
-        enc_outputs, valid, hidden = self.init_state(src, src_valid_lens)
-        return self._decode(tgt_in, enc_outputs, valid, hidden)[0]
+        return self._decode(tgt_in, *self.init_state(src, src_valid_lens))[0]
 
-    def step(self, ys, enc_outputs, src_valid_lens, hidden):
+    def step(self, ys, enc_outputs, src_valid_lens, hidden, proj_keys):
         """Logits (B, V) of the next token after prefix ``ys`` (B, T) and the new state."""
-        logits, hidden, _ = self._decode(ys[:, -1:], enc_outputs, src_valid_lens, hidden)
-        return (logits[:, -1], enc_outputs, src_valid_lens, hidden)
+        logits, hidden, _ = self._decode(ys[:, -1:], enc_outputs, src_valid_lens, hidden, proj_keys)
+        return (logits[:, -1], enc_outputs, src_valid_lens, hidden, proj_keys)
 
     def attention_maps(self, src, src_valid_lens, tgt_in):
         """Target-by-source alignment of a teacher-forced pass: {"alignment": [(B, 1, T, S)]}."""
-        enc_outputs, valid, hidden = self.init_state(src, src_valid_lens)
-        _, _, weights = self._decode(tgt_in, enc_outputs, valid, hidden, record=True)
+        _, _, weights = self._decode(tgt_in, *self.init_state(src, src_valid_lens), record=True)
         return {"alignment": [weights.unsqueeze(1)]}

@@ -1,0 +1,36 @@
+"""Atomic file writes: a temporary file beside the target, then a rename.
+
+A killed process leaves either the old file or the new one, never half of one.
+"""
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from pathlib import Path
+
+
+def write_text_atomic(path: Path, text: str) -> Path:
+    """Write UTF-8 ``text`` to ``path`` (parents created) via temp file + ``os.replace``."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            f.write(text)
+        os.chmod(tmp, 0o644)  # mkstemp makes 0600
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+    return path
+
+
+def write_lines_atomic(path: Path, lines) -> Path:
+    """One line per item, each ending in a newline."""
+    return write_text_atomic(path, "".join(line + "\n" for line in lines))
+
+
+def write_json_atomic(path: Path, obj) -> Path:
+    """``obj`` as indented, key-sorted JSON."""
+    return write_text_atomic(path, json.dumps(obj, indent=2, sort_keys=True) + "\n")
