@@ -25,13 +25,20 @@ from attnlab.tracking import log_to_run, read_run_record
 @hydra.main(version_base="1.3", config_path="../conf", config_name="config")
 def main(cfg: DictConfig) -> None:
     name = cfg.model.name
+    if cfg.data.get("tokenizer") == "d2l_words":
+        raise SystemExit(f"data={cfg.data.name} has no test split; D2L scores its models with "
+                         f"`python src/d2l_table.py data={cfg.data.name} model={name}`")
     record = read_run_record(Path(cfg.paths.runs) / f"{name}.json", name)
     net = load_net(record["checkpoint"], expected_kind=name)
     metrics_path = Path(cfg.paths.metrics) / f"{name}.json"
     if cfg.model.task == "regression":
-        ev = nw_evaluation(synthetic_from_config(cfg.data, cfg.seed), float(net.w.detach()))
-        scores = {k: ev[k] for k in ("mse", "mse_nonparametric", "mse_average_pooling", "w")}
-        logged, artifacts = {"test_mse": scores["mse"]}, []
+        ev = nw_evaluation(synthetic_from_config(cfg.data, cfg.seed), float(net.w.detach()),
+                           cfg.model.kernels, cfg.model.width)
+        # mse, mse_nonparametric, mse_average_pooling, w, mse_<kernel> per kernel, kernel_width
+        scores = ev["scores"]
+        logged = {"test_mse": scores["mse"],
+                  **{f"test_mse_{k}": scores[f"mse_{k}"] for k in cfg.model.kernels}}
+        artifacts = []
     else:
         tok_dir = Path(cfg.paths.tokenized)
         tokenizer = load_sentencepiece(tok_dir / "spm.model")

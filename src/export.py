@@ -18,6 +18,9 @@ from attnlab.tracking import read_run_record
 @hydra.main(version_base="1.3", config_path="../conf", config_name="config")
 def main(cfg: DictConfig) -> None:
     name = cfg.model.name
+    if cfg.data.get("tokenizer") == "d2l_words":
+        raise SystemExit(f"export needs a sentencepiece corpus; data={cfg.data.name} uses D2L's "
+                         "word vocabularies (train and score it with scripts/reproduce_d2l.sh)")
     record = read_run_record(Path(cfg.paths.runs) / f"{name}.json", name)
     net = load_net(record["checkpoint"], expected_kind=name)
     out_dir = Path(cfg.paths.models) / name

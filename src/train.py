@@ -24,10 +24,13 @@ from attnlab.files import write_json_atomic
 def main(cfg: DictConfig) -> None:
     pl.seed_everything(cfg.seed, workers=True)
     module, loaders = build_task(cfg)
+    local_store = cfg.mlflow.tracking_uri.startswith("sqlite:")
     logger = MLFlowLogger(experiment_name=cfg.mlflow.experiment, tracking_uri=cfg.mlflow.tracking_uri,
-                          tags={"model": cfg.model.name}, log_model=True)
-    checkpoint = ModelCheckpoint(dirpath=cfg.paths.checkpoints, filename="best", monitor="val_loss",
-                                 mode="min", save_top_k=1, enable_version_counter=False)
+                          tags={"model": cfg.model.name}, log_model=True,
+                          artifact_location=cfg.mlflow.artifact_location if local_store else None)
+    checkpoint = ModelCheckpoint(dirpath=cfg.paths.checkpoints, filename=cfg.checkpoint.filename,
+                                 monitor=cfg.checkpoint.monitor, mode=cfg.checkpoint.mode,
+                                 save_top_k=1, enable_version_counter=False)
     trainer = pl.Trainer(**cfg.trainer, **cfg.device, logger=logger, callbacks=[checkpoint])
     if trainer.is_global_zero:
         logger.log_hyperparams(OmegaConf.to_container(cfg, resolve=True))
@@ -35,7 +38,7 @@ def main(cfg: DictConfig) -> None:
     trainer.fit(module, *loaders)
     best_path = checkpoint.best_model_path
     if not best_path:  # stopped (max_steps) before any validation: keep the final weights
-        best_path = str(Path(cfg.paths.checkpoints) / "best.ckpt")
+        best_path = str(Path(cfg.paths.checkpoints) / f"{cfg.checkpoint.filename}.ckpt")
         trainer.save_checkpoint(best_path)
     if not trainer.is_global_zero:
         return

@@ -4,6 +4,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
 
 sys.path.insert(0, str(Path(__file__).parent))
 
@@ -17,3 +18,16 @@ def mirror_dir() -> Path:
     if not (path / "multi30k").is_dir():
         pytest.skip(f"no corpus mirror at {path}; set ATTNLAB_DATA_MIRROR")
     return path.resolve()
+
+
+@pytest.fixture(scope="module")
+def one_torch_thread():
+    """Run a module's tiny-tensor tests on one intra-op thread (restored afterwards).
+
+    On a busy 2-core machine a second thread only adds spin-waiting (about 8×
+    slower for the attention tests). Use with ``pytestmark = pytest.mark.usefixtures(...)``.
+    """
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(n)

@@ -57,3 +57,26 @@ def test_translation_model_on_synthetic_data_is_a_clear_error(monkeypatch):
     cfg = _compose(["model=transformer", "data=synthetic"], monkeypatch)
     with pytest.raises(ValueError, match="choose data=multi30k or data=fra_eng"):
         build_task(cfg)
+
+
+@pytest.mark.parametrize("model, lr, extra", [("bahdanau", 0.005, {"num_layers": 2, "embed_size": 256}),
+                                              ("transformer", 0.0015, {"ffn_hidden": 64, "num_heads": 4,
+                                                                       "tie_embeddings": False})])
+def test_fra_eng_d2l_profile_sets_d2ls_hyperparameters(monkeypatch, model, lr, extra):
+    cfg = _compose(["data=fra_eng_d2l", f"model={model}"], monkeypatch, root="/r")
+    net = cfg.model.net
+    assert net.dropout == 0.2 and net.get("num_hiddens", net.get("d_model")) == 256
+    assert all(net[k] == v for k, v in extra.items())
+    assert cfg.optimizer.lr == lr and cfg.model.batch_size == 128 and cfg.model.label_smoothing == 0
+    assert cfg.trainer.max_epochs == 30 and cfg.trainer.gradient_clip_val == 1.0
+    assert cfg.checkpoint.monitor is None  # D2L keeps the final model
+    assert cfg.paths.checkpoints == f"/r/d2l/checkpoints/{model}"  # not the DVC outputs
+    # the command line still wins over the profile
+    cfg = _compose(["data=fra_eng_d2l", f"model={model}", "trainer.max_epochs=2"], monkeypatch)
+    assert cfg.trainer.max_epochs == 2
+
+
+def test_profile_applies_only_to_its_pair(monkeypatch):
+    cfg = _compose(["model=transformer"], monkeypatch, root="/r")
+    assert cfg.trainer.max_epochs == 10 and cfg.model.net.ffn_hidden == 512
+    assert cfg.checkpoint.monitor == "val_loss" and cfg.paths.checkpoints == "/r/checkpoints/transformer"

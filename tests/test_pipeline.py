@@ -86,6 +86,9 @@ def test_every_stage_wrote_its_outputs(project):
         assert json.loads((project / f"models/{m}/config.json").read_text())["model"] == m
     nw = json.loads((project / "metrics/nw.json").read_text())
     assert nw["mse"] < nw["mse_average_pooling"]
+    assert nw["mse_constant"] == pytest.approx(nw["mse_average_pooling"])  # constant kernel = mean
+    assert nw["mse_gaussian"] == pytest.approx(nw["mse_nonparametric"])  # both σ = 1
+    assert {"mse_boxcar", "mse_epanechnikov"} <= set(nw)
     for m in SEQ2SEQ:
         scores = json.loads((project / f"metrics/{m}.json").read_text())
         assert scores["num_sentences"] == 4
@@ -128,6 +131,8 @@ def test_mlflow_store_has_runs_metrics_and_heatmaps(project):
     layers = [f for f in artifacts(runs["transformer"].info.run_id) if "sent0_" in f]
     for kind in ("encoder_self", "decoder_self", "encoder_decoder"):
         assert sum(kind in f for f in layers) == 2  # one figure per layer
+    nw_pngs = {f for f in artifacts(runs["nw"].info.run_id) if f.startswith("attention/")}
+    assert {f"attention/nw_{k}.png" for k in ("gaussian", "boxcar", "constant", "epanechnikov")} <= nw_pngs
     assert runs["nw"].data.metrics["test_mse"] == pytest.approx(
         json.loads((project / "metrics/nw.json").read_text())["mse"])
 

@@ -4,7 +4,9 @@ Source: Dive into Deep Learning (D2L), chapter 11 "Attention Mechanisms and
 Transformers": 11.3 (masked softmax, additive and scaled dot-product scoring),
 11.5 (multi-head attention), 11.6 (positional encoding), 11.7 (position-wise
 FFN, add & norm). Paper: Vaswani et al. 2017, "Attention Is All You Need",
-eq. (1) and section 3.2-3.5; Bahdanau et al. 2015, eq. (6) (additive score).
+eq. (1) and section 3.2-3.5; Bahdanau et al. 2015, eq. (6) (additive score);
+Xu et al. 2015, "Show, Attend and Tell", section 4.1 (hard attention, see
+:func:`masked_hardmax`).
 
 Shape letters used throughout: B batch, Q queries, K key-value pairs, D/d
 feature sizes, H heads.
@@ -19,6 +21,7 @@ from torch.nn import functional as F
 
 __all__ = [
     "masked_softmax",
+    "masked_hardmax",
     "AdditiveAttention",
     "DotProductAttention",
     "MultiHeadAttention",
@@ -67,6 +70,46 @@ def masked_softmax(X: torch.Tensor, valid_lens: torch.Tensor | None) -> torch.Te
     return torch.where(mask, weights, torch.zeros((), dtype=weights.dtype, device=weights.device))
 
 
+def masked_hardmax(X: torch.Tensor, valid_lens: torch.Tensor | None) -> torch.Tensor:
+    """Hard attention: one-hot weights on the best-scoring valid key (Xu et al. 2015, sec. 4.1).
+
+    Same contract as :func:`masked_softmax`, but instead of a softmax each
+    query puts weight exactly 1 on the arg-max of its valid scores and 0
+    elsewhere. This is the deterministic ("arg-max") form of the hard
+    attention of Xu et al. 2015, "Show, Attend and Tell", section 4.1 (which
+    samples the location; D2L 11.1 contrasts such hard selection with soft,
+    differentiable weighting).
+
+    Args:
+        X: scores, float tensor of shape (B, Q, K); must not contain NaN
+            at valid keys (``argmax`` would pick the NaN).
+        valid_lens: ``None`` (all keys valid), int tensor (B,) or (B, Q).
+    Returns:
+        Weights of X's shape and dtype, each value exactly 0 or 1. Ties go to
+        the lowest key index; masked keys are never chosen; a query whose
+        valid length is 0 gets all-zero weights, as in :func:`masked_softmax`.
+    Gradient:
+        None. The weights are built from an ``argmax`` outside the autograd
+        graph, so they carry no ``grad_fn``: the scores (and any parameter
+        that only feeds them) receive no gradient. In ``weights @ values`` the
+        gradient reaches only the value vector of the chosen key.
+    Raises:
+        ValueError: if ``valid_lens`` is neither (B,) nor (B, Q).
+    """
+    scores = X.detach()
+    mask = None
+    if valid_lens is not None:
+        mask = _key_mask(valid_lens, X.shape[-2], X.shape[-1])  # (B, Q, K)
+        scores = scores.masked_fill(~mask, float("-inf"))
+    # argmax returns the first maximal index, so ties go to the lowest key.
+    # Keys are valid as a prefix, so key 0 is valid whenever any key is.
+    best = scores.argmax(dim=-1, keepdim=True)  # (B, Q, 1)
+    weights = torch.zeros_like(scores).scatter_(-1, best, 1.0)  # (B, Q, K)
+    if mask is not None:  # a query with no valid key gets all-zero weights
+        weights = weights.masked_fill(~mask.any(-1, keepdim=True), 0.0)
+    return weights
+
+
 class AdditiveAttention(nn.Module):
     """Additive (Bahdanau) attention: a(q, k) = w_vᵀ tanh(W_q q + W_k k) (D2L eq. 11.3.7).
 
@@ -74,14 +117,19 @@ class AdditiveAttention(nn.Module):
         key_size: d_k; query_size: d_q.
         num_hiddens: size h of the hidden layer of the scoring MLP.
         dropout: dropout probability on the attention weights.
+        hard: if True, use :func:`masked_hardmax` (one-hot weights on the
+            best-scoring valid key; no gradient to the scoring MLP) instead
+            of :func:`masked_softmax`.
     Shapes:
         queries (B, Q, d_q), keys (B, K, d_k), values (B, K, d_v),
         valid_lens None, (B,) or (B, Q) → output (B, Q, d_v).
         ``self.attention_weights`` holds the last weights, (B, Q, K).
     """
 
-    def __init__(self, key_size: int, query_size: int, num_hiddens: int, dropout: float = 0.0):
+    def __init__(self, key_size: int, query_size: int, num_hiddens: int, dropout: float = 0.0,
+                 hard: bool = False):
         super().__init__()
+        self.hard = hard
         self.W_k = nn.Linear(key_size, num_hiddens, bias=False)
         self.W_q = nn.Linear(query_size, num_hiddens, bias=False)
         self.w_v = nn.Linear(num_hiddens, 1, bias=False)
@@ -97,7 +145,8 @@ class AdditiveAttention(nn.Module):
         queries_h = self.W_q(queries)  # (B, Q, h)
         features = torch.tanh(queries_h.unsqueeze(2) + keys_h.unsqueeze(1))  # (B, Q, K, h)
         scores = self.w_v(features).squeeze(-1)  # (B, Q, K)
-        self.attention_weights = masked_softmax(scores, valid_lens)
+        normalize = masked_hardmax if self.hard else masked_softmax
+        self.attention_weights = normalize(scores, valid_lens)
         return torch.bmm(self.dropout(self.attention_weights), values)  # (B, Q, d_v)
 
 
@@ -106,21 +155,26 @@ class DotProductAttention(nn.Module):
 
     Args:
         dropout: dropout probability on the attention weights.
+        hard: if True, use :func:`masked_hardmax` (one-hot weights on the
+            best-scoring valid key; no gradient to queries or keys) instead
+            of :func:`masked_softmax`.
     Shapes:
         queries (B, Q, d), keys (B, K, d), values (B, K, d_v),
         valid_lens None, (B,) or (B, Q) → output (B, Q, d_v), same dtype.
         ``self.attention_weights`` holds the last weights, (B, Q, K).
     """
 
-    def __init__(self, dropout: float = 0.0):
+    def __init__(self, dropout: float = 0.0, hard: bool = False):
         super().__init__()
+        self.hard = hard
         self.dropout = nn.Dropout(dropout)
         self.attention_weights: torch.Tensor | None = None
 
     def forward(self, queries, keys, values, valid_lens=None):
         d = queries.shape[-1]
         scores = torch.bmm(queries, keys.transpose(1, 2)) / math.sqrt(d)  # (B, Q, K)
-        self.attention_weights = masked_softmax(scores, valid_lens)
+        normalize = masked_hardmax if self.hard else masked_softmax
+        self.attention_weights = normalize(scores, valid_lens)
         return torch.bmm(self.dropout(self.attention_weights), values)
 
 
@@ -146,18 +200,23 @@ class MultiHeadAttention(nn.Module):
         num_heads: number of heads H.
         dropout: dropout probability on the attention weights.
         bias: whether the four projections have biases.
+        hard: if True, every head uses hard (arg-max) attention, see
+            :func:`masked_hardmax`; W_q and W_k then get no gradient.
     Shapes:
         queries (B, Q, d_model), keys and values (B, K, d_model),
         valid_lens None, (B,) or (B, Q) → output (B, Q, d_model).
         After a call with ``need_weights=True`` (the default, as in D2L),
         ``self.attention_weights`` is (B, H, Q, K); with ``need_weights=False``
         the fused ``scaled_dot_product_attention`` kernel is used and no
-        weights are kept.
+        weights are kept. With ``hard=True`` the explicit-weights path is
+        always used (the fused kernel has no hard mode) and the weights are
+        kept whatever ``need_weights`` says.
     Raises:
         ValueError: if ``d_model`` is not divisible by ``num_heads``.
     """
 
-    def __init__(self, d_model: int, num_heads: int, dropout: float = 0.0, bias: bool = False):
+    def __init__(self, d_model: int, num_heads: int, dropout: float = 0.0, bias: bool = False,
+                 hard: bool = False):
         super().__init__()
         if d_model % num_heads:
             raise ValueError(
@@ -165,7 +224,8 @@ class MultiHeadAttention(nn.Module):
                 "pick num_heads that divides d_model")
         self.num_heads = num_heads
         self.dropout_p = dropout
-        self.attention = DotProductAttention(dropout)
+        self.hard = hard
+        self.attention = DotProductAttention(dropout, hard=hard)
         self.W_q = nn.Linear(d_model, d_model, bias=bias)
         self.W_k = nn.Linear(d_model, d_model, bias=bias)
         self.W_v = nn.Linear(d_model, d_model, bias=bias)
@@ -177,21 +237,26 @@ class MultiHeadAttention(nn.Module):
         q = transpose_qkv(self.W_q(queries), self.num_heads)  # (B·H, Q, d)
         k = transpose_qkv(self.W_k(keys), self.num_heads)  # (B·H, K, d)
         v = transpose_qkv(self.W_v(values), self.num_heads)  # (B·H, K, d)
-        if need_weights:
+        if need_weights or self.hard:
             if valid_lens is not None:  # one copy per head, sample-major like q/k/v
                 valid_lens = torch.repeat_interleave(valid_lens, self.num_heads, dim=0)
             out = self.attention(q, k, v, valid_lens)  # (B·H, Q, d)
             self.attention_weights = self.attention.attention_weights.reshape(
                 B, self.num_heads, Q, K)
         else:
-            mask = None
+            mask = empty = None
             if valid_lens is not None:
                 mask = _key_mask(valid_lens, Q, K)  # (B, Q, K)
                 mask = mask.repeat_interleave(self.num_heads, dim=0)  # (B·H, Q, K)
+                empty = ~mask.any(-1, keepdim=True)  # (B·H, Q, 1): queries with no valid key
+                # torch < 2.5 returns NaN for a fully masked row (pytorch PR #133882) and its
+                # backward then spreads NaN into q, k, v: let such rows see every key
+                # (finite, any version), then zero their output below.
+                mask = mask | empty
             p = self.dropout_p if self.training else 0.0
             out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=p)
-            if mask is not None:  # rows with no valid key: zero, as masked_softmax does
-                out = out.masked_fill(~mask.any(-1, keepdim=True), 0.0)
+            if empty is not None:  # rows with no valid key: zero, as masked_softmax does
+                out = out.masked_fill(empty, 0.0)
             self.attention_weights = None
         return self.W_o(transpose_output(out, self.num_heads))  # (B, Q, d_model)
 

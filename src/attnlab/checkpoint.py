@@ -36,7 +36,8 @@ def load_net(path: Path, expected_kind: str | None = None) -> nn.Module:
     ckpt = torch.load(path, map_location="cpu", weights_only=True)
     hp = ckpt.get("hyper_parameters", {})
     if "net" in hp:
-        net = instantiate(hp["net"], vocab_size=hp["vocab_size"], pad_id=PAD_ID)
+        extra = {"src_vocab_size": hp["src_vocab_size"]} if hp.get("src_vocab_size") else {}
+        net = instantiate(hp["net"], vocab_size=hp["vocab_size"], pad_id=PAD_ID, **extra)
     elif "init_w" in hp:
         net = NadarayaWatson(parametric=True, init_w=hp["init_w"])
     else:

@@ -61,15 +61,14 @@ def strip_special(ids: Sequence[int]) -> list[int]:
     return out
 
 
-def translate_text(init_state: Callable, step: Callable, tokenizer, sentences: Sequence[str],
-                   batch_size: int = 128, device: torch.device | str = "cpu") -> list[str]:
-    """:func:`translate`, detokenized: one translation string per sentence, input order."""
-    return [tokenizer.decode(ids)
-            for ids in translate(init_state, step, tokenizer, sentences, batch_size, device)]
-
-
 def encode_sources(tokenizer, sentences: Sequence[str]) -> tuple[torch.Tensor, torch.Tensor]:
-    """Sentences → (src (B, S) with <eos> and <pad>, src_valid_lens (B,)), int64."""
+    """Sentences → (src (B, S) with <eos> and <pad>, src_valid_lens (B,)), int64.
+
+    S is the longest sentence + 1, unless the tokenizer has its own
+    ``encode_sources`` (D2L's fixed-length sources, :mod:`attnlab.data.d2l`).
+    """
+    if hasattr(tokenizer, "encode_sources"):
+        return tokenizer.encode_sources(sentences)
     seqs = [ids + [EOS_ID] for ids in tokenizer.encode(list(sentences))]
     src = torch.full((len(seqs), max(len(s) for s in seqs)), PAD_ID, dtype=torch.long)
     for i, s in enumerate(seqs):

@@ -7,22 +7,30 @@ from __future__ import annotations
 import json
 import os
 import tempfile
+from contextlib import contextmanager
 from pathlib import Path
 
 
-def write_text_atomic(path: Path, text: str) -> Path:
-    """Write UTF-8 ``text`` to ``path`` (parents created) via temp file + ``os.replace``."""
-    path = Path(path)
+@contextmanager
+def _atomic_file(path: Path, binary: bool):
+    """Open a temp file beside ``path``; on success chmod 644 and rename it onto ``path``."""
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     try:
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            f.write(text)
+        with os.fdopen(fd, "wb") if binary else os.fdopen(fd, "w", encoding="utf-8") as f:
+            yield f
         os.chmod(tmp, 0o644)  # mkstemp makes 0600
         os.replace(tmp, path)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
+
+
+def write_text_atomic(path: Path, text: str) -> Path:
+    """Write UTF-8 ``text`` to ``path`` (parents created) via temp file + ``os.replace``."""
+    path = Path(path)
+    with _atomic_file(path, binary=False) as f:
+        f.write(text)
     return path
 
 
@@ -34,3 +42,13 @@ def write_lines_atomic(path: Path, lines) -> Path:
 def write_json_atomic(path: Path, obj) -> Path:
     """``obj`` as indented, key-sorted JSON."""
     return write_text_atomic(path, json.dumps(obj, indent=2, sort_keys=True) + "\n")
+
+
+def write_npz_atomic(path: Path, **arrays) -> Path:
+    """NumPy arrays as an uncompressed ``.npz`` (``np.savez``), via temp file + ``os.replace``."""
+    import numpy as np
+
+    path = Path(path)
+    with _atomic_file(path, binary=True) as f:
+        np.savez(f, **arrays)
+    return path

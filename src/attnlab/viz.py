@@ -59,34 +59,143 @@ def heatmap_grid(weights: torch.Tensor, xlabels: Sequence[str] | None,
     return _save(fig, path)
 
 
-def nw_figures(x_train, y_train, x_test, y_test, predictions: dict[str, torch.Tensor],
-               weights: torch.Tensor, out_dir: Path) -> list[Path]:
-    """D2L 11.2's two figures: the fits (``nw_fit.png``) and the test×train weights (``nw_weights.png``).
+_KERNEL_TITLES = {"gaussian": "Gaussian", "epanechnikov": "Epanechnikov"}
+
+
+def _index_ticks(set_ticks, x: torch.Tensor) -> None:
+    """Label an index axis of a heatmap with x values: ticks at the entries nearest to round x."""
+    x = x.detach().float().cpu()
+    nice = torch.arange(math.floor(x.min()), math.ceil(x.max()) + 1, dtype=torch.float32)
+    idx = sorted({int((x - v).abs().argmin()) for v in nice})
+    set_ticks(idx, [f"{float(x[i]):.1f}" for i in idx])
+
+
+def _nw_fit_axes(ax, x_train, y_train, x_test, y_test, predictions: dict[str, torch.Tensor],
+                 title: str) -> None:
+    """Truth, predictions and training points on one axes (D2L 11.2's fit plot)."""
+    ax.plot(x_test, y_test, "k--", lw=1.2, label="truth f(x)")
+    for name, pred in predictions.items():
+        ax.plot(x_test, pred.detach(), lw=1.8, label=name)
+    ax.plot(x_train, y_train, "o", ms=4, alpha=0.4, color="tab:gray", label="training data")
+    ax.set_xlabel("x (test queries)")
+    ax.set_ylabel("y")
+    ax.set_title(title, fontsize=10)
+    ax.legend(fontsize=8, loc="upper right")
+
+
+def _nw_weights_axes(fig, ax, x_train, x_test, weights: torch.Tensor, title: str,
+                     vmax: float | None = None) -> None:
+    """The (m, n) weights of test queries over sorted training keys, ticks in x units."""
+    im = ax.imshow(weights.detach().float().cpu().numpy(), cmap="Reds", vmin=0.0, vmax=vmax,
+                   aspect="auto", interpolation="nearest")
+    _index_ticks(ax.set_xticks, x_train)
+    _index_ticks(ax.set_yticks, x_test)
+    ax.set_xlabel("training input $x_i$ (keys, sorted)")
+    ax.set_ylabel("test input $x$ (queries)")
+    ax.set_title(title, fontsize=10)
+    fig.colorbar(im, ax=ax, shrink=0.9, label=r"attention weight $\alpha_i(x)$")
+
+
+def _mse(pred: torch.Tensor, y: torch.Tensor) -> float:
+    return float(((pred.detach() - y) ** 2).mean())
+
+
+def nw_kernel_figure(x_train, y_train, x_test, y_test, prediction: torch.Tensor,
+                     weights: torch.Tensor, kernel: str, width: float, path: Path,
+                     vmax: float | None = None) -> Path:
+    """One PNG for one kernel (D2L 11.2.2): the fit (left) and its test × train weights (right).
 
     Args:
-        x_train, y_train (n,), x_test, y_test (m,): float tensors.
-        predictions: name → (m,) predictions on x_test.
-        weights: (m, n) attention weights of test queries over training keys.
+        x_train, y_train (n,), x_test, y_test (m,): float tensors, x_train sorted.
+        prediction: (m,) float, the kernel's prediction on x_test; weights: (m, n) float.
+        kernel: its name, width: its σ (for the titles); path: output .png.
+        vmax: top of the colour scale (None: the largest weight), to compare kernels.
+    Returns the path written.
+    """
+    fig, (ax_fit, ax_w) = plt.subplots(1, 2, figsize=(11, 4.2), layout="constrained",
+                                       gridspec_kw={"width_ratios": [1.15, 1]})
+    name = _KERNEL_TITLES.get(kernel, kernel)
+    _nw_fit_axes(ax_fit, x_train, y_train, x_test, y_test, {f"{name} kernel": prediction},
+                 f"fit: test MSE {_mse(prediction, y_test):.3f}")
+    shared = "" if vmax is None else " (colour scale shared by all kernels)"
+    _nw_weights_axes(fig, ax_w, x_train, x_test, weights, f"attention weights{shared}", vmax)
+    fig.suptitle(f"Nadaraya–Watson regression, {name} kernel, width σ = {width:g}", fontsize=11)
+    return _save(fig, path)
+
+
+def nw_width_figure(x_train, y_train, x_test, y_test, fits: dict[float, dict[str, torch.Tensor]],
+                    kernel: str, path: Path) -> Path:
+    """D2L 11.2.3's width sweep: fits (top row) and weights (bottom row), one column per σ.
+
+    Args:
+        fits: σ → {"prediction": (m,), "weights": (m, n)} float tensors.
+        kernel: name for the title; path: output .png.
+    Returns the path written.
+    """
+    cols = len(fits)
+    fig, axes = plt.subplots(2, cols, squeeze=False, figsize=(4 * cols, 7), layout="constrained")
+    for c, (sigma, fit) in enumerate(fits.items()):
+        _nw_fit_axes(axes[0, c], x_train, y_train, x_test, y_test,
+                     {f"σ = {sigma:g}": fit["prediction"]},
+                     f"σ = {sigma:g}: test MSE {_mse(fit['prediction'], y_test):.3f}")
+        _nw_weights_axes(fig, axes[1, c], x_train, x_test, fit["weights"],
+                         f"weights, σ = {sigma:g}")
+    fig.suptitle(f"Nadaraya–Watson regression, {_KERNEL_TITLES.get(kernel, kernel)} kernel: "
+                 "the narrower the width σ, the more local the attention", fontsize=11)
+    return _save(fig, path)
+
+
+def nw_figures(x_train, y_train, x_test, y_test, predictions: dict[str, torch.Tensor],
+               weights: torch.Tensor, out_dir: Path,
+               kernels: dict[str, dict[str, torch.Tensor]] | None = None, width: float = 1.0,
+               width_sweep: dict[float, dict[str, torch.Tensor]] | None = None,
+               trained_w: float | None = None) -> list[Path]:
+    """D2L 11.2's figures as PNGs in ``out_dir``; returns the paths written.
+
+    * ``nw_fit.png``: truth, training data and ``predictions`` (average pooling,
+      non-parametric and trained parametric model);
+    * ``nw_weights.png``: the trained model's test × train weights;
+    * ``nw_<kernel>.png`` per entry of ``kernels`` (:func:`nw_kernel_figure`, width σ = ``width``),
+      all on one colour scale so the kernels compare;
+    * ``nw_gaussian_widths.png`` when ``width_sweep`` is given (:func:`nw_width_figure`).
+
+    Args:
+        x_train, y_train (n,), x_test, y_test (m,): float tensors, x_train sorted.
+        predictions: label → (m,) predictions on x_test.
+        weights: (m, n) attention weights of the trained model, test queries × training keys.
+        kernels: kernel → {"prediction": (m,), "weights": (m, n)}, as ``nw_evaluation`` returns.
+        width_sweep: σ → the same, for the Gaussian.
+        trained_w: the trained model's w = 1/σ, for the weights' title.
     """
     out_dir = Path(out_dir)
-    fig, ax = plt.subplots(figsize=(6, 4))
-    ax.plot(x_test, y_test, label="truth f(x)")
-    for name, pred in predictions.items():
-        ax.plot(x_test, pred.detach(), label=name)
-    ax.plot(x_train, y_train, "o", alpha=0.5, label="training data")
-    ax.set_xlabel("x")
-    ax.set_ylabel("y")
-    ax.legend()
-    ax.set_title("Nadaraya–Watson kernel regression")
-    fit = _save(fig, out_dir / "nw_fit.png")
-    w = heatmap_grid(weights[None], None, None, "attention weights: test queries × sorted training keys",
-                     out_dir / "nw_weights.png", xlabel="training inputs (keys)",
-                     ylabel="test inputs (queries)", vmax=None)
-    return [fit, w]
+    fig, ax = plt.subplots(figsize=(6.5, 4.2), layout="constrained")
+    _nw_fit_axes(ax, x_train, y_train, x_test, y_test, predictions,
+                 "Nadaraya–Watson kernel regression vs. average pooling")
+    paths = [_save(fig, out_dir / "nw_fit.png")]
+    fig, ax = plt.subplots(figsize=(5.8, 4.6), layout="constrained")
+    learned = ""
+    if trained_w is not None:
+        sigma = 1 / abs(trained_w) if trained_w else math.inf
+        learned = f" (learned w = {trained_w:.2f}, σ = {sigma:.2f})"
+    _nw_weights_axes(fig, ax, x_train, x_test, weights,
+                     f"trained parametric Gaussian model{learned}:\nattention weights")
+    paths.append(_save(fig, out_dir / "nw_weights.png"))
+    kernels = kernels or {}
+    vmax = max((float(f["weights"].max()) for f in kernels.values()), default=None)
+    for kernel, fit in kernels.items():
+        paths.append(nw_kernel_figure(x_train, y_train, x_test, y_test, fit["prediction"],
+                                      fit["weights"], kernel, width, out_dir / f"nw_{kernel}.png",
+                                      vmax))
+    if width_sweep:
+        paths.append(nw_width_figure(x_train, y_train, x_test, y_test, width_sweep, "gaussian",
+                                     out_dir / "nw_gaussian_widths.png"))
+    return paths
 
 
-def _pieces(tokenizer, ids) -> list[str]:
-    return [tokenizer.id_to_piece(int(i)) for i in ids]
+def _pieces(tokenizer, ids, source: bool = False) -> list[str]:
+    """Token strings of ``ids``; source ids use the source vocabulary when the tokenizer has one."""
+    to_piece = getattr(tokenizer, "source_id_to_piece", None) if source else None
+    return [(to_piece or tokenizer.id_to_piece)(int(i)) for i in ids]
 
 
 @torch.no_grad()
@@ -111,7 +220,7 @@ def translation_heatmaps(net, tokenizer, sentences: Sequence[str], out_dir: Path
         src, valid = encode_sources(tokenizer, [sentence])
         tgt_in = torch.tensor([[BOS_ID] + out_ids], dtype=torch.long)
         maps = net.attention_maps(src.to(device), valid.to(device), tgt_in.to(device))
-        src_labels = _pieces(tokenizer, src[0])
+        src_labels = _pieces(tokenizer, src[0], source=True)
         out_labels = _pieces(tokenizer, out_ids + [EOS_ID])
         in_labels = _pieces(tokenizer, tgt_in[0])
         axes = {"encoder_self": (src_labels, src_labels, "source (keys)", "source (queries)"),

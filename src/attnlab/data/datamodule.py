@@ -4,20 +4,46 @@ from __future__ import annotations
 from pathlib import Path
 
 import lightning.pytorch as pl
-from torch.utils.data import DataLoader
+import torch
+from torch.utils.data import DataLoader, Dataset
 
 from attnlab.data.batching import BucketBatchSampler, PairDataset, collate
-from attnlab.data.tokenizer import load_sentencepiece, load_split
+from attnlab.data.tokenizer import load_split, load_tokenizer
+
+
+class ArrayDataset(Dataset):
+    """Rows of equal-length batch arrays (D2L's fixed ``num_steps`` data, :mod:`attnlab.data.d2l`).
+
+    ``arrays``: ``src``, ``tgt_in``, ``tgt_out`` (N, num_steps) and
+    ``src_valid_lens`` (N,), int64. Item i is the dict of row i; the default
+    collate stacks rows into the batch dict of :mod:`attnlab.data.batching`.
+    """
+
+    def __init__(self, arrays: dict[str, torch.Tensor]):
+        self.arrays = arrays
+
+    def __len__(self):
+        return len(self.arrays["src"])
+
+    def __getitem__(self, i):
+        return {k: v[i] for k, v in self.arrays.items()}
 
 
 class TranslationDataModule(pl.LightningDataModule):
-    """Train/val/test loaders of length-bucketed batches (see :mod:`attnlab.data.batching`).
+    """Train/val/test loaders of the tokenized corpus.
+
+    Sentencepiece corpora give length-bucketed batches (see
+    :mod:`attnlab.data.batching`); ``data=fra_eng_d2l`` gives D2L's
+    fixed-length rows, shuffled for training as D2L's ``DataLoader`` does.
 
     Args:
-        tokenized_dir: folder with ``spm.model`` and ``{train,val,test}.npz``.
+        tokenized_dir: folder with the tokenizer (``spm.model`` or ``vocab.json``)
+            and ``{train,val,test}.npz``.
         batch_size: sentence pairs per batch.
         max_len: training pairs with ≥ max_len tokens on a side are dropped (val/test keep all).
-        seed: bucket shuffling seed.
+        seed: shuffling seed.
+    Attributes: ``tokenizer``; ``vocab_size`` (joint or target vocabulary);
+    ``src_vocab_size`` (separate source vocabulary, else ``None``).
     """
 
     def __init__(self, tokenized_dir: str | Path, batch_size: int = 128, max_len: int = 100,
@@ -28,18 +54,29 @@ class TranslationDataModule(pl.LightningDataModule):
         self.max_len = max_len
         self.seed = seed
         self.num_workers = num_workers
-        self.tokenizer = load_sentencepiece(self.dir / "spm.model")
+        self.tokenizer = load_tokenizer(self.dir)
+        self.fixed_length = hasattr(self.tokenizer, "source_vocab_size")
         self.vocab_size = self.tokenizer.get_piece_size()
-        self.splits: dict[str, PairDataset] = {}
+        self.src_vocab_size = self.tokenizer.source_vocab_size() if self.fixed_length else None
+        self.splits: dict[str, Dataset] = {}
 
-    def dataset(self, split: str) -> PairDataset:
+    def dataset(self, split: str) -> Dataset:
         if split not in self.splits:
-            src, tgt = load_split(self.dir / f"{split}.npz")
-            self.splits[split] = PairDataset(src, tgt, self.max_len if split == "train" else None)
+            if self.fixed_length:
+                from attnlab.data.d2l import load_arrays
+
+                self.splits[split] = ArrayDataset(load_arrays(self.dir / f"{split}.npz"))
+            else:
+                src, tgt = load_split(self.dir / f"{split}.npz")
+                self.splits[split] = PairDataset(src, tgt, self.max_len if split == "train" else None)
         return self.splits[split]
 
     def _loader(self, split: str, shuffle: bool) -> DataLoader:
         ds = self.dataset(split)
+        if self.fixed_length:
+            gen = torch.Generator().manual_seed(self.seed)
+            return DataLoader(ds, batch_size=self.batch_size, shuffle=shuffle, generator=gen,
+                              num_workers=self.num_workers)
         sampler = BucketBatchSampler(ds.lengths(), self.batch_size, shuffle=shuffle, seed=self.seed)
         return DataLoader(ds, batch_sampler=sampler, collate_fn=collate, num_workers=self.num_workers)
 

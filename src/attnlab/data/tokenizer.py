@@ -12,11 +12,12 @@ with no re-parsing (nanoGPT's ``prepare`` scheme).
 from __future__ import annotations
 
 import os
-import tempfile
 from pathlib import Path
 
 import numpy as np
 import sentencepiece as spm
+
+from attnlab.files import write_npz_atomic
 
 PAD_ID, UNK_ID, BOS_ID, EOS_ID = 0, 1, 2, 3
 
@@ -63,6 +64,25 @@ def load_sentencepiece(path) -> spm.SentencePieceProcessor:
     return sp
 
 
+def load_tokenizer(tokenized_dir: Path):
+    """The tokenizer the tokenize stage wrote into ``tokenized_dir``.
+
+    ``spm.model`` (sentencepiece, every corpus but one) or ``vocab.json``
+    (D2L's word vocabularies, ``data=fra_eng_d2l``, see :mod:`attnlab.data.d2l`).
+    Raises:
+        FileNotFoundError: if neither exists (names the stage to run).
+    """
+    d = Path(tokenized_dir)
+    if (d / "vocab.json").exists():
+        from attnlab.data.d2l import D2LTokenizer
+
+        return D2LTokenizer.load(d / "vocab.json")
+    if (d / "spm.model").exists():
+        return load_sentencepiece(d / "spm.model")
+    raise FileNotFoundError(f"no tokenizer (spm.model or vocab.json) in {d}; run "
+                            "`python src/tokenize_data.py` (or `dvc repro tokenize`) with the same data= option")
+
+
 def _pack(seqs: list[list[int]]) -> tuple[np.ndarray, np.ndarray]:
     offsets = np.zeros(len(seqs) + 1, dtype=np.int64)
     offsets[1:] = np.cumsum([len(s) for s in seqs])
@@ -75,12 +95,7 @@ def encode_split(sp: spm.SentencePieceProcessor, pairs: list[tuple[str, str]], p
     src, tgt = zip(*pairs) if pairs else ((), ())
     src_ids, src_off = _pack(sp.encode(list(src)))
     tgt_ids, tgt_off = _pack(sp.encode(list(tgt)))
-    path = Path(path)
-    fd, tmp = tempfile.mkstemp(suffix=".npz", dir=path.parent)
-    with os.fdopen(fd, "wb") as f:
-        np.savez(f, src_ids=src_ids, src_offsets=src_off, tgt_ids=tgt_ids, tgt_offsets=tgt_off)
-    os.chmod(tmp, 0o644)  # mkstemp makes 0600
-    os.replace(tmp, path)
+    write_npz_atomic(path, src_ids=src_ids, src_offsets=src_off, tgt_ids=tgt_ids, tgt_offsets=tgt_off)
 
 
 def load_split(path: Path) -> tuple[list[np.ndarray], list[np.ndarray]]:

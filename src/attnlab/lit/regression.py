@@ -12,6 +12,10 @@ from attnlab.models.nadaraya_watson import NadarayaWatson, leave_one_out
 class RegressionModule(pl.LightningModule):
     """Trains the parametric NW model's ``w`` by MSE with leave-one-out keys (D2L 11.2.4).
 
+    The trained model is the Gaussian kernel with w = 1/σ (``attnlab.checkpoint``
+    rebuilds NW checkpoints as such); the other kernels of D2L 11.2 are
+    non-parametric and evaluated beside it (``nw_evaluation``).
+
     The training batch is the whole training set (queries x_i, keys/values the
     other n-1 points); validation is MSE on the noise-free test points with all
     training points as keys. Logged: ``train_loss``, ``val_loss`` (test MSE).

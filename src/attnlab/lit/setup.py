@@ -25,6 +25,11 @@ def build_task(cfg: DictConfig):
         ValueError: model/data mismatch (NW needs data=synthetic; seq2seq models a corpus).
     """
     if cfg.model.task == "regression":
+        from attnlab.models.nadaraya_watson import check_kernel, check_width
+        for kernel in cfg.model.kernels:  # a typo fails here, not after training
+            check_kernel(kernel)
+        for width in (cfg.model.width, *cfg.model.width_sweep):
+            check_width(width)
         data = synthetic_from_config(cfg.data, cfg.seed)
         module = RegressionModule(optimizer=_plain(cfg.optimizer), init_w=cfg.model.init_w)
         module.data = data
@@ -35,7 +40,7 @@ def build_task(cfg: DictConfig):
     dm = TranslationDataModule(cfg.paths.tokenized, cfg.model.batch_size, cfg.data.max_len, cfg.seed)
     module = TranslationModule(net=_plain(cfg.model.net), optimizer=_plain(cfg.optimizer),
                                vocab_size=dm.vocab_size, label_smoothing=cfg.model.label_smoothing,
-                               warmup_steps=cfg.model.warmup_steps)
+                               warmup_steps=cfg.model.warmup_steps, src_vocab_size=dm.src_vocab_size)
     attach_text(module, dm.tokenizer, cfg)
     return module, (dm,)
 
@@ -54,10 +59,13 @@ def heatmaps(cfg: DictConfig, net, trained, out_dir: Path) -> list[Path]:
     ``trained`` is the module that was fit: it holds the data (NW) or tokenizer.
     """
     if cfg.model.task == "regression":
-        ev = nw_evaluation(trained.data, float(net.w.detach()))
+        m = cfg.model
+        ev = nw_evaluation(trained.data, float(net.w.detach()), m.kernels, m.width, m.width_sweep)
         d = trained.data
         return nw_figures(d["x_train"], d["y_train"], d["x_test"], d["y_test"],
-                          ev["predictions"], ev["weights"], out_dir)
+                          ev["predictions"], ev["weights"], out_dir,
+                          kernels=ev["kernels"], width=m.width, width_sweep=ev["width_sweep"],
+                          trained_w=ev["w"])
     sources = read_lines(Path(cfg.paths.tokenized) / "val.src.txt")
     chosen = [sources[i] for i in cfg.heatmap_sentences if i < len(sources)]
     return translation_heatmaps(net, trained.tokenizer, chosen, out_dir)

@@ -32,7 +32,8 @@ class TranslationModule(pl.LightningModule):
         net: Hydra config dict of the model (``_target_`` and sizes); ``vocab_size``
             and ``pad_id`` are filled in here.
         optimizer: Hydra config dict of a partial ``torch.optim`` optimizer.
-        vocab_size: joint vocabulary size.
+        vocab_size: joint (or target) vocabulary size.
+        src_vocab_size: size of a separate source vocabulary, or ``None`` for a joint one.
         label_smoothing: ε of the training loss (val loss is plain cross-entropy).
         warmup_steps: see :func:`inverse_sqrt_warmup`.
     Logged metrics: ``train_loss``, ``val_loss``, ``val_bleu`` (per epoch), ``tokens_per_sec``.
@@ -41,10 +42,11 @@ class TranslationModule(pl.LightningModule):
 
     def __init__(self, net: dict, optimizer: dict, vocab_size: int,
                  label_smoothing: float = 0.1, warmup_steps: int = 0,
-                 val_batch_size: int = 256):
+                 val_batch_size: int = 256, src_vocab_size: int | None = None):
         super().__init__()
         self.save_hyperparameters(logger=False)
-        self.net = instantiate(net, vocab_size=vocab_size, pad_id=PAD_ID)
+        extra = {"src_vocab_size": src_vocab_size} if src_vocab_size else {}
+        self.net = instantiate(net, vocab_size=vocab_size, pad_id=PAD_ID, **extra)
         self.tokenizer = None
         self.val_texts: tuple[list[str], list[str]] | None = None
         self._epoch_tokens = 0

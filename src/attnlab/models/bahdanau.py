@@ -38,14 +38,17 @@ class Bahdanau(nn.Module):
         num_layers: GRU layers in encoder and decoder.
         dropout: dropout between GRU layers and on embeddings.
         pad_id: padding token id.
+        src_vocab_size: size of a separate source vocabulary (D2L's setting,
+            ``data=fra_eng_d2l``); ``None`` means the joint vocabulary of size V.
     """
 
     kind = "bahdanau"
 
     def __init__(self, vocab_size: int, embed_size: int = 256, num_hiddens: int = 256,
-                 num_layers: int = 1, dropout: float = 0.1, pad_id: int = 0):
+                 num_layers: int = 1, dropout: float = 0.1, pad_id: int = 0,
+                 src_vocab_size: int | None = None):
         super().__init__()
-        self.encoder = Seq2SeqEncoder(vocab_size, embed_size, num_hiddens, num_layers, dropout, pad_id)
+        self.encoder = Seq2SeqEncoder(src_vocab_size or vocab_size, embed_size, num_hiddens, num_layers, dropout, pad_id)
         self.attention = AdditiveAttention(num_hiddens, num_hiddens, num_hiddens, 0.0)
         self.embedding = nn.Embedding(vocab_size, embed_size, padding_idx=pad_id)
         self.rnn = nn.GRU(embed_size + num_hiddens, num_hiddens, num_layers,

@@ -63,16 +63,24 @@ class Transformer(nn.Module):
         pad_id: id of the padding token (its embedding row stays zero).
         tie_embeddings: share source/target embeddings and the output projection.
         max_len: longest sequence the positional encoding supports.
+        src_vocab_size: size of a separate source vocabulary (D2L's setting,
+            ``data=fra_eng_d2l``); ``None`` means the joint vocabulary of size V.
+    Raises:
+        ValueError: ``tie_embeddings`` with a separate source vocabulary.
     """
 
     kind = "transformer"
 
     def __init__(self, vocab_size: int, d_model: int = 256, num_heads: int = 4,
                  num_layers: int = 3, ffn_hidden: int = 1024, dropout: float = 0.1,
-                 pad_id: int = 0, tie_embeddings: bool = True, max_len: int = 512):
+                 pad_id: int = 0, tie_embeddings: bool = True, max_len: int = 512,
+                 src_vocab_size: int | None = None):
         super().__init__()
+        if tie_embeddings and src_vocab_size is not None:
+            raise ValueError("tie_embeddings needs one joint vocabulary, but this corpus has a "
+                             "separate source vocabulary; set model.net.tie_embeddings=false")
         self.d_model = d_model
-        self.src_embedding = nn.Embedding(vocab_size, d_model, padding_idx=pad_id)
+        self.src_embedding = nn.Embedding(src_vocab_size or vocab_size, d_model, padding_idx=pad_id)
         self.tgt_embedding = (self.src_embedding if tie_embeddings
                               else nn.Embedding(vocab_size, d_model, padding_idx=pad_id))
         self.pos_encoding = PositionalEncoding(d_model, dropout, max_len)
@@ -81,11 +89,12 @@ class Transformer(nn.Module):
         self.decoder_blocks = nn.ModuleList(
             TransformerDecoderBlock(d_model, num_heads, ffn_hidden, dropout) for _ in range(num_layers))
         self.output = nn.Linear(d_model, vocab_size, bias=False)
-        nn.init.normal_(self.src_embedding.weight, std=d_model ** -0.5)
+        for emb in [self.src_embedding] + ([] if tie_embeddings else [self.tgt_embedding]):
+            nn.init.normal_(emb.weight, std=d_model ** -0.5)
+            with torch.no_grad():
+                emb.weight[pad_id].zero_()
         if tie_embeddings:
             self.output.weight = self.tgt_embedding.weight
-        with torch.no_grad():
-            self.src_embedding.weight[pad_id].zero_()
 
     def _embed(self, embedding, tokens):
         return self.pos_encoding(embedding(tokens) * math.sqrt(self.d_model))

@@ -1,0 +1,15 @@
+#!/usr/bin/env bash
+# D2L's English→French results on CPU (D2L 11.4.4 Bahdanau, 11.7.6 Transformer):
+# D2L's exact data pipeline (data=fra_eng_d2l) and hyperparameters
+# (conf/profile/fra_eng_d2l_<model>.yaml), then the book's four-sentence table.
+# Needs data/raw/fra-eng.zip (`dvc repro download` or `python src/download.py`).
+# Extra arguments are Hydra overrides for every step, e.g. seed=1 device=cpu.
+# Outputs go to d2l/ (checkpoints, runs, metrics) and the MLflow store.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+PY=${PYTHON:-python}
+$PY src/tokenize_data.py data=fra_eng_d2l "$@"
+for model in bahdanau transformer; do
+  $PY src/train.py data=fra_eng_d2l model=$model trainer.enable_progress_bar=false "$@"
+  $PY src/d2l_table.py data=fra_eng_d2l model=$model "$@"
+done
