@@ -18,7 +18,8 @@ from omegaconf import DictConfig
 
 from attnlab.checkpoint import load_net
 from attnlab.data.tokenizer import load_tokenizer
-from attnlab.decoding import greedy_decode, strip_special
+from attnlab.data.tokenizer import EOS_ID
+from attnlab.decoding import greedy_decode
 from attnlab.files import write_json_atomic
 from attnlab.metrics import d2l_bleu
 from attnlab.tracking import log_to_run, read_run_record
@@ -34,7 +35,8 @@ def d2l_table(net, tokenizer) -> list[dict]:
     ys = greedy_decode(net.init_state, net.step, src, valid, max_len=tokenizer.num_steps)
     rows = []
     for en, fr, out in zip(ENGLISH, FRENCH, ys.tolist()):
-        tokens = [tokenizer.id_to_piece(i) for i in strip_special(out)]
+        out = out[: out.index(EOS_ID)] if EOS_ID in out else out  # D2L keeps all tokens before <eos>
+        tokens = [tokenizer.id_to_piece(i) for i in out]
         rows.append({"source": en, "translation": tokens, "reference": fr,
                      "bleu": d2l_bleu(" ".join(tokens), fr, k=2)})
     return rows

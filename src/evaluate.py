@@ -1,6 +1,6 @@
 """DVC stage `evaluate@<model>`: score the best checkpoint on the test split.
 
-Seq2seq models: greedy decoding of the configured test split, detokenized,
+Seq2seq models: beam search (model.decoding: beam_size, alpha) over the test split, detokenized,
 scored with sacreBLEU (corpus BLEU cased 13a, lowercased BLEU, chrF); the
 translations go to metrics/<model>.hyp.txt. NW: test MSE against D2L's
 average-pooling and non-parametric baselines.
@@ -43,7 +43,9 @@ def main(cfg: DictConfig) -> None:
         tok_dir = Path(cfg.paths.tokenized)
         tokenizer = load_sentencepiece(tok_dir / "spm.model")
         sources, references = read_lines(tok_dir / "test.src.txt"), read_lines(tok_dir / "test.tgt.txt")
-        hypotheses = translate_text(net.init_state, net.step, tokenizer, sources, batch_size=256)
+        dec = cfg.model.decoding
+        hypotheses = translate_text(net.init_state, net.step, tokenizer, sources, batch_size=128,
+                                    beam_size=dec.beam_size, alpha=dec.alpha)
         scores = {**corpus_scores(hypotheses, references), "num_sentences": len(hypotheses)}
         logged = {"test_bleu": scores["bleu"], "test_bleu_lc": scores["bleu_lc"],
                   "test_chrf": scores["chrf"]}

@@ -26,8 +26,14 @@ def tokenize_d2l(cfg: DictConfig, out: Path) -> None:
         raise SystemExit(f"tokenize failed: {zip_path} does not exist; run `dvc repro download` "
                          "(or `python src/download.py`) first")
     c = cfg.data
-    train, val, tokenizer, (src, tgt) = d2l.mt_fra_eng(
-        d2l.read_fra_txt(zip_path), c.num_steps, c.num_train, c.num_val, c.min_freq)
+    if (c.src_lang, c.tgt_lang) != ("en", "fr"):
+        raise SystemExit(f"data=fra_eng_d2l is D2L's English→French setup; got "
+                         f"{c.src_lang}→{c.tgt_lang} (drop the data.src_lang/data.tgt_lang overrides)")
+    try:
+        train, val, tokenizer, (src, tgt) = d2l.mt_fra_eng(
+            d2l.read_fra_txt(zip_path), c.num_steps, c.num_train, c.num_val, c.min_freq)
+    except (ValueError, KeyError, OSError) as e:
+        raise SystemExit(f"tokenize failed: {zip_path}: {e}") from None
     tokenizer.save(out / d2l.VOCAB_FILE)
     d2l.save_arrays(train, out / "train.npz")
     d2l.save_arrays(val, out / "val.npz")
@@ -45,7 +51,7 @@ def main(cfg: DictConfig) -> None:
         raise SystemExit("data=synthetic needs no tokenizer; choose data=multi30k or data=fra_eng")
     out = Path(cfg.paths.tokenized)
     out.mkdir(parents=True, exist_ok=True)
-    if cfg.data.tokenizer == "d2l_words":
+    if cfg.data.get("tokenizer", "sentencepiece") == "d2l_words":
         return tokenize_d2l(cfg, out)
     try:
         splits = load_splits(cfg.data, Path(cfg.paths.raw))

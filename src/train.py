@@ -26,7 +26,7 @@ def main(cfg: DictConfig) -> None:
     module, loaders = build_task(cfg)
     local_store = cfg.mlflow.tracking_uri.startswith("sqlite:")
     logger = MLFlowLogger(experiment_name=cfg.mlflow.experiment, tracking_uri=cfg.mlflow.tracking_uri,
-                          tags={"model": cfg.model.name}, log_model=True,
+                          tags={"model": cfg.model.name, "data": cfg.data.name}, log_model=True,
                           artifact_location=cfg.mlflow.artifact_location if local_store else None)
     checkpoint = ModelCheckpoint(dirpath=cfg.paths.checkpoints, filename=cfg.checkpoint.filename,
                                  monitor=cfg.checkpoint.monitor, mode=cfg.checkpoint.mode,

@@ -11,12 +11,25 @@ sys.path.insert(0, str(Path(__file__).parent))
 PROJECT_ROOT = Path(__file__).resolve().parents[1]
 
 
+def _mirror() -> Path:
+    return Path(os.environ.get("ATTNLAB_DATA_MIRROR") or PROJECT_ROOT.parent / "shared" / "data")
+
+
 @pytest.fixture(scope="session")
 def mirror_dir() -> Path:
     """The offline corpus mirror (``$ATTNLAB_DATA_MIRROR``, else ``../shared/data``); skip if absent."""
-    path = Path(os.environ.get("ATTNLAB_DATA_MIRROR") or PROJECT_ROOT.parent / "shared" / "data")
+    path = _mirror()
     if not (path / "multi30k").is_dir():
         pytest.skip(f"no corpus mirror at {path}; set ATTNLAB_DATA_MIRROR")
+    return path.resolve()
+
+
+@pytest.fixture(scope="session")
+def fra_eng_zip() -> Path:
+    """D2L's ``fra-eng.zip`` in the corpus mirror; skip if absent."""
+    path = _mirror() / "fra-eng.zip"
+    if not path.is_file():
+        pytest.skip(f"no {path}; set ATTNLAB_DATA_MIRROR to a folder holding fra-eng.zip")
     return path.resolve()
 
 

@@ -23,8 +23,8 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 @pytest.fixture(scope="module")
-def fra_text(mirror_dir):
-    return d2l.read_fra_txt(mirror_dir / "fra-eng.zip")
+def fra_text(fra_eng_zip):
+    return d2l.read_fra_txt(fra_eng_zip)
 
 
 @pytest.fixture(scope="module")
@@ -151,15 +151,15 @@ def test_tied_embeddings_need_a_joint_vocabulary():
 
 
 @pytest.mark.slow
-def test_reproduce_d2l_script_matches_the_books_results(mirror_dir, tmp_path):
+def test_reproduce_d2l_script_matches_the_books_results(fra_eng_zip, tmp_path):
     """scripts/reproduce_d2l.sh trains both models with D2L's settings on CPU and prints
     D2L's table; the book gets BLEU 1.000 on ≥ 3 of the 4 sentences with each model."""
     raw = tmp_path / "data" / "raw"
     raw.mkdir(parents=True)
-    os.symlink(mirror_dir / "fra-eng.zip", raw / "fra-eng.zip")
+    os.symlink(fra_eng_zip, raw / "fra-eng.zip")
     env = {**os.environ, "PYTHON": sys.executable,
            "MLFLOW_TRACKING_URI": f"sqlite:///{tmp_path}/mlflow.db"}
-    r = subprocess.run(["scripts/reproduce_d2l.sh", f"paths.root={tmp_path}", "device=cpu"],
+    r = subprocess.run(["scripts/reproduce_d2l.sh", f"paths.root={tmp_path}"],
                        cwd=ROOT, env=env, capture_output=True, text=True, timeout=1200)
     print(r.stdout)
     assert r.returncode == 0, r.stderr[-3000:]

@@ -182,3 +182,44 @@ def test_real_fra_eng_has_no_narrow_spaces_after_reading(mirror_dir):
     assert not any("\u202f" in f or "\u00a0" in f for _, f in pairs)
     with zipfile.ZipFile(mirror_dir / "fra-eng.zip") as zf:
         assert "\u202f" in zf.read("fra-eng/fra.txt").decode()  # the raw file does have them
+
+
+# --- token-budget batching ------------------------------------------------------
+
+def test_token_budget_batches_by_hand():
+    from attnlab.data.batching import token_budget_batches
+    # sorted by length: 4(2) 1(3) 2(3) 0(5) 3(8); costs 2·1, 3·2, 3·3=9 ≤ 9, then 5·4 > 9 …
+    assert token_budget_batches([5, 3, 3, 8, 2], max_tokens=9) == [[4, 1, 2], [0], [3]]
+    assert token_budget_batches([12, 2], max_tokens=9) == [[1], [0]]  # too long: a batch of its own
+    assert token_budget_batches([1] * 5, max_tokens=100, max_sentences=2) == [[0, 1], [2, 3], [4]]
+
+
+def test_token_budget_sampler_covers_every_pair_within_budget_and_reshuffles():
+    from attnlab.data.batching import TokenBudgetBatchSampler
+    rng = np.random.default_rng(0)
+    lengths = rng.integers(2, 40, size=500).tolist()
+    s = TokenBudgetBatchSampler(lengths, max_tokens=300, seed=3)
+    e0, e1 = list(s), list(s)
+    for epoch in (e0, e1):
+        assert sorted(i for b in epoch for i in b) == list(range(500))
+        assert all(len(b) * max(lengths[i] for i in b) <= 300 for b in epoch)
+        assert len(epoch) == len(s)
+    assert e0 != e1  # batch order (and ties) change per epoch
+    assert list(TokenBudgetBatchSampler(lengths, 300, seed=3)) == e0  # reproducible
+    with pytest.raises(ValueError, match="max_tokens"):
+        TokenBudgetBatchSampler(lengths, 0)
+
+
+def test_padding_fraction_by_hand_and_token_budget_pads_less_than_random_batches():
+    from attnlab.data.batching import TokenBudgetBatchSampler, padding_fraction
+    src, tgt = [[1, 1], [1, 1, 1, 1]], [[1], [1, 1, 1]]
+    # one batch: src 3 and 5 tokens padded to 5, tgt_in 2 and 4 padded to 4 → 14 real of 18
+    assert padding_fraction([[0, 1]], src, tgt) == pytest.approx(1 - 14 / 18)
+    rng = np.random.default_rng(1)
+    n = 2000
+    src = [[1] * int(k) for k in rng.integers(1, 40, n)]
+    tgt = [[1] * max(1, len(s) + int(d)) for s, d in zip(src, rng.integers(-3, 4, n))]
+    ds = PairDataset(src, tgt)
+    budget = list(TokenBudgetBatchSampler(ds.lengths(), 1000, seed=0))
+    random_batches = [list(range(i, min(i + 40, n))) for i in range(0, n, 40)]
+    assert padding_fraction(budget, src, tgt) < 0.1 < padding_fraction(random_batches, src, tgt)

@@ -232,33 +232,71 @@ class MultiHeadAttention(nn.Module):
         self.W_o = nn.Linear(d_model, d_model, bias=bias)
         self.attention_weights: torch.Tensor | None = None
 
-    def forward(self, queries, keys, values, valid_lens=None, need_weights: bool = True):
+    def forward(self, queries, keys, values, valid_lens=None, need_weights: bool = True,
+                is_causal: bool = False):
+        """Multi-head attention of ``queries`` over ``keys``/``values``.
+
+        ``is_causal=True`` (self-attention only, with ``valid_lens=None``) lets
+        query t see keys 0..t; it equals ``valid_lens = [1, 2, …, T]`` per sample
+        and lets the fused kernel skip building a mask.
+        """
+        if is_causal:
+            if valid_lens is not None:
+                raise ValueError("give either is_causal=True or valid_lens, not both")
+            if need_weights or self.hard:  # the explicit path takes the causal mask as lengths
+                valid_lens = torch.arange(1, queries.shape[1] + 1, device=queries.device)
+                valid_lens = valid_lens.expand(queries.shape[0], -1)
         B, Q, K = queries.shape[0], queries.shape[1], keys.shape[1]
-        q = transpose_qkv(self.W_q(queries), self.num_heads)  # (B·H, Q, d)
-        k = transpose_qkv(self.W_k(keys), self.num_heads)  # (B·H, K, d)
-        v = transpose_qkv(self.W_v(values), self.num_heads)  # (B·H, K, d)
         if need_weights or self.hard:
+            q = transpose_qkv(self.W_q(queries), self.num_heads)  # (B·H, Q, d)
+            k = transpose_qkv(self.W_k(keys), self.num_heads)  # (B·H, K, d)
+            v = transpose_qkv(self.W_v(values), self.num_heads)  # (B·H, K, d)
             if valid_lens is not None:  # one copy per head, sample-major like q/k/v
                 valid_lens = torch.repeat_interleave(valid_lens, self.num_heads, dim=0)
             out = self.attention(q, k, v, valid_lens)  # (B·H, Q, d)
             self.attention_weights = self.attention.attention_weights.reshape(
                 B, self.num_heads, Q, K)
-        else:
-            mask = empty = None
-            if valid_lens is not None:
-                mask = _key_mask(valid_lens, Q, K)  # (B, Q, K)
-                mask = mask.repeat_interleave(self.num_heads, dim=0)  # (B·H, Q, K)
-                empty = ~mask.any(-1, keepdim=True)  # (B·H, Q, 1): queries with no valid key
-                # torch < 2.5 returns NaN for a fully masked row (pytorch PR #133882) and its
-                # backward then spreads NaN into q, k, v: let such rows see every key
-                # (finite, any version), then zero their output below.
-                mask = mask | empty
-            p = self.dropout_p if self.training else 0.0
-            out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=p)
-            if empty is not None:  # rows with no valid key: zero, as masked_softmax does
-                out = out.masked_fill(empty, 0.0)
-            self.attention_weights = None
-        return self.W_o(transpose_output(out, self.num_heads))  # (B, Q, d_model)
+            return self.W_o(transpose_output(out, self.num_heads))  # (B, Q, d_model)
+        self.attention_weights = None
+        k, v = self.project_kv(keys, values)  # (B, H, K, d)
+        return self.attend(queries, k, v, valid_lens, is_causal)
+
+    def split_heads(self, X: torch.Tensor) -> torch.Tensor:
+        """(B, T, H·d) → (B, H, T, d), the layout of the fused kernel and of a KV cache."""
+        return X.reshape(X.shape[0], X.shape[1], self.num_heads, -1).transpose(1, 2)
+
+    def project_kv(self, keys: torch.Tensor, values: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """W_k keys and W_v values split into heads: two (B, H, K, d) tensors.
+
+        What an incremental decoder caches: computed once per source sentence
+        for encoder–decoder attention, once per new token for self-attention.
+        """
+        return self.split_heads(self.W_k(keys)), self.split_heads(self.W_v(values))
+
+    def attend(self, queries: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+               valid_lens: torch.Tensor | None = None, is_causal: bool = False) -> torch.Tensor:
+        """Fused attention of ``queries`` (B, Q, d_model) over projected heads k, v (B, H, K, d).
+
+        ``valid_lens`` None, (B,) or (B, Q) as in :meth:`forward`; returns
+        (B, Q, d_model). Uses ``scaled_dot_product_attention``; keeps no weights.
+        """
+        q = self.split_heads(self.W_q(queries))  # (B, H, Q, d)
+        B, Q, K = q.shape[0], q.shape[2], k.shape[2]
+        mask = empty = None
+        if valid_lens is not None:
+            mask = _key_mask(valid_lens, Q, K)[:, None]  # (B, 1, Q, K), broadcast over heads
+            empty = ~mask.any(-1, keepdim=True)  # (B, 1, Q, 1): queries with no valid key
+            # torch < 2.5 returns NaN for a fully masked row (pytorch PR #133882) and its
+            # backward then spreads NaN into q, k, v: let such rows see every key
+            # (finite, any version), then zero their output below.
+            mask = mask | empty
+        p = self.dropout_p if self.training else 0.0
+        out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=p,
+                                             is_causal=is_causal and mask is None)
+        if empty is not None:  # rows with no valid key: zero, as masked_softmax does
+            out = out.masked_fill(empty, 0.0)
+        out = out.transpose(1, 2).reshape(B, Q, -1)  # (B, Q, H·d)
+        return self.W_o(out)  # (B, Q, d_model)
 
 
 class PositionalEncoding(nn.Module):
@@ -288,6 +326,10 @@ class PositionalEncoding(nn.Module):
         P[0, :, 0::2] = torch.sin(angles)
         P[0, :, 1::2] = torch.cos(angles[:, : d_model // 2])
         self.register_buffer("P", P, persistent=False)
+
+    def at(self, X: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+        """One step of an incremental decoder: X (B, 1, d_model) + P[positions], positions (B,) int64."""
+        return self.dropout(X + self.P[0, positions].unsqueeze(1).to(X.dtype))
 
     def forward(self, X: torch.Tensor) -> torch.Tensor:
         if X.shape[1] > self.P.shape[1]:

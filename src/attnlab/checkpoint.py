@@ -25,7 +25,8 @@ def load_net(path: Path, expected_kind: str | None = None) -> nn.Module:
     """The checkpoint's model (``attnlab.models``) in eval mode on the CPU.
 
     Args:
-        path: ``checkpoints/<model>/best.ckpt``.
+        path: the checkpoint train.py kept (``checkpoints/<model>/best.ckpt``, or
+            ``last.ckpt`` with ``checkpoint.monitor=null``).
         expected_kind: ``nw``, ``bahdanau`` or ``transformer``; checked against the checkpoint.
     Raises:
         CheckpointError: missing file, foreign checkpoint, or a model of another kind.

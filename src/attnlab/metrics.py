@@ -14,7 +14,8 @@ def d2l_bleu(pred_seq: str, label_seq: str, k: int) -> float:
     exp(min(0, 1 - len_label/len_pred)) · Π_{n=1..k} p_n^(1/2^n), with p_n the
     clipped n-gram precision. Tokens are split on whitespace (U+202F and U+00A0
     count as whitespace). Returns a float in [0, 1]; an empty prediction scores
-    0.0 (D2L's own code would divide by zero).
+    0.0 (D2L's code splits on single spaces, so it scores the empty string as one
+    unmatched token, also 0).
     """
     pred_tokens, label_tokens = pred_seq.split(), label_seq.split()
     len_pred, len_label = len(pred_tokens), len(label_tokens)

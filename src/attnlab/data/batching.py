@@ -92,3 +92,83 @@ class BucketBatchSampler(Sampler[list[int]]):
 
     def __len__(self):
         return (len(self.lengths) + self.batch_size - 1) // self.batch_size
+
+
+def token_budget_batches(lengths: list[int], max_tokens: int, order: list[int] | None = None,
+                         max_sentences: int | None = None) -> list[list[int]]:
+    """Cut length-sorted indices into batches of at most ``max_tokens`` padded tokens (fairseq).
+
+    A batch of n pairs whose longest has length m costs n·m tokens (the
+    padded batch); a pair longer than ``max_tokens`` gets a batch of its own.
+    ``order`` (default: indices sorted by length) must already be length-sorted.
+    """
+    if order is None:
+        order = sorted(range(len(lengths)), key=lengths.__getitem__)
+    batches, cur, longest = [], [], 0
+    for i in order:
+        m = max(longest, lengths[i])
+        if cur and (m * (len(cur) + 1) > max_tokens or len(cur) == (max_sentences or len(order))):
+            batches.append(cur)
+            cur, m = [], lengths[i]
+        cur.append(i)
+        longest = m
+    if cur:
+        batches.append(cur)
+    return batches
+
+
+class TokenBudgetBatchSampler(Sampler[list[int]]):
+    """Token-budget batching (fairseq's ``max_tokens``; Ott et al. 2019).
+
+    Every epoch: order the pairs by length (ties in a fresh random order), cut
+    them into batches of at most ``max_tokens`` padded tokens
+    (:func:`token_budget_batches`), then shuffle the order of the batches.
+    Similar lengths share a batch, so padding is a small fraction of it, and
+    each batch costs about the same. Reseeded per epoch from ``seed`` + epoch.
+
+    Args:
+        lengths: per-pair length (:meth:`PairDataset.lengths`).
+        max_tokens: padded-token budget per batch (≥ the longest pair is sensible).
+        shuffle: shuffle ties and batch order (training); else one fixed order.
+    Raises:
+        ValueError: if ``max_tokens`` < 1.
+    """
+
+    def __init__(self, lengths: list[int], max_tokens: int, shuffle: bool = True, seed: int = 0):
+        if max_tokens < 1:
+            raise ValueError(f"max_tokens must be ≥ 1, got {max_tokens}")
+        self.lengths, self.max_tokens, self.shuffle, self.seed = lengths, max_tokens, shuffle, seed
+        self.epoch = 0
+        # Ties do not change the sorted lengths, so every epoch has this many batches.
+        self._num_batches = len(token_budget_batches(lengths, max_tokens))
+
+    def set_epoch(self, epoch: int) -> None:
+        self.epoch = epoch
+
+    def __iter__(self):
+        rng = random.Random(self.seed + self.epoch)
+        order = list(range(len(self.lengths)))
+        if self.shuffle:
+            rng.shuffle(order)
+        order.sort(key=self.lengths.__getitem__)  # stable: ties keep the shuffled order
+        batches = token_budget_batches(self.lengths, self.max_tokens, order)
+        if self.shuffle:
+            rng.shuffle(batches)
+        self.epoch += 1
+        return iter(batches)
+
+    def __len__(self):
+        return self._num_batches
+
+
+def padding_fraction(batches, src: list, tgt: list) -> float:
+    """Share of <pad> in the padded ``src`` and ``tgt_in`` tensors of ``batches`` (lists of indices).
+
+    Uses :func:`collate`'s layout: source + <eos>, <bos> + target.
+    """
+    real = padded = 0
+    for b in batches:
+        s, t = [len(src[i]) + 1 for i in b], [len(tgt[i]) + 1 for i in b]
+        real += sum(s) + sum(t)
+        padded += len(b) * (max(s) + max(t))
+    return 1.0 - real / padded if padded else 0.0

@@ -167,10 +167,11 @@ def mt_fra_eng(raw_text: str, num_steps: int = 9, num_train: int = 512, num_val:
 class D2LTokenizer:
     """Word-level source/target vocabularies with the tokenizer interface the pipeline uses.
 
-    ``encode`` (source side) and ``decode``/``id_to_piece``/``get_piece_size``
-    (target side) mirror ``sentencepiece.SentencePieceProcessor``;
-    ``encode_sources`` gives D2L's fixed-length source batch, which
-    :func:`attnlab.decoding.encode_sources` uses when present.
+    ``encode_sources`` gives D2L's fixed-length source batch (used by
+    :func:`attnlab.decoding.encode_sources` when present); ``decode``,
+    ``id_to_piece`` and ``get_piece_size`` (target side) mirror
+    ``sentencepiece.SentencePieceProcessor``; ``source_id_to_piece`` and
+    ``source_vocab_size`` describe the source vocabulary.
     """
 
     kind = "d2l_words"
@@ -179,10 +180,6 @@ class D2LTokenizer:
         self.src_vocab, self.tgt_vocab, self.num_steps = src_vocab, tgt_vocab, num_steps
 
     # --- source side
-    def encode(self, sentences: Sequence[str]) -> list[list[int]]:
-        """Preprocessed, space-split source sentences → ids (no <eos>)."""
-        return [self.src_vocab.ids(preprocess(s).split()) for s in sentences]
-
     def encode_sources(self, sentences: Sequence[str]) -> tuple[torch.Tensor, torch.Tensor]:
         """D2L's ``build`` for sources: (src (B, num_steps) int64, src_valid_lens (B,) int64)."""
         rows = [self.src_vocab.ids(pad_or_trim(preprocess(s).split() + ["<eos>"], self.num_steps))
@@ -198,7 +195,7 @@ class D2LTokenizer:
 
     # --- target side
     def decode(self, ids: Sequence[int]) -> str:
-        """Target ids → tokens joined by spaces (D2L's translation string).
+        """Target ids (already cut at <eos>) → tokens joined by spaces.
 
         ``<pad> <bos> <eos>`` are dropped; ``<unk>`` stays, as in D2L's table.
         """

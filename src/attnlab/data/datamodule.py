@@ -7,7 +7,7 @@ import lightning.pytorch as pl
 import torch
 from torch.utils.data import DataLoader, Dataset
 
-from attnlab.data.batching import BucketBatchSampler, PairDataset, collate
+from attnlab.data.batching import BucketBatchSampler, PairDataset, TokenBudgetBatchSampler, collate
 from attnlab.data.tokenizer import load_split, load_tokenizer
 
 
@@ -39,16 +39,19 @@ class TranslationDataModule(pl.LightningDataModule):
     Args:
         tokenized_dir: folder with the tokenizer (``spm.model`` or ``vocab.json``)
             and ``{train,val,test}.npz``.
-        batch_size: sentence pairs per batch.
+        batch_size: sentence pairs per batch (validation/test; training too unless ``max_tokens``).
         max_len: training pairs with ≥ max_len tokens on a side are dropped (val/test keep all).
         seed: shuffling seed.
+        max_tokens: padded-token budget of a training batch
+            (:class:`attnlab.data.batching.TokenBudgetBatchSampler`); ``None`` for ``batch_size``.
     Attributes: ``tokenizer``; ``vocab_size`` (joint or target vocabulary);
     ``src_vocab_size`` (separate source vocabulary, else ``None``).
     """
 
     def __init__(self, tokenized_dir: str | Path, batch_size: int = 128, max_len: int = 100,
-                 seed: int = 0, num_workers: int = 0):
+                 seed: int = 0, num_workers: int = 0, max_tokens: int | None = None):
         super().__init__()
+        self.max_tokens = max_tokens
         self.dir = Path(tokenized_dir)
         self.batch_size = batch_size
         self.max_len = max_len
@@ -77,7 +80,10 @@ class TranslationDataModule(pl.LightningDataModule):
             gen = torch.Generator().manual_seed(self.seed)
             return DataLoader(ds, batch_size=self.batch_size, shuffle=shuffle, generator=gen,
                               num_workers=self.num_workers)
-        sampler = BucketBatchSampler(ds.lengths(), self.batch_size, shuffle=shuffle, seed=self.seed)
+        if split == "train" and self.max_tokens:
+            sampler = TokenBudgetBatchSampler(ds.lengths(), self.max_tokens, shuffle=shuffle, seed=self.seed)
+        else:
+            sampler = BucketBatchSampler(ds.lengths(), self.batch_size, shuffle=shuffle, seed=self.seed)
         return DataLoader(ds, batch_sampler=sampler, collate_fn=collate, num_workers=self.num_workers)
 
     def train_dataloader(self):

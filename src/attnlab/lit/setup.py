@@ -37,7 +37,8 @@ def build_task(cfg: DictConfig):
                         full_batch_loader(data["x_test"], data["y_test"]))
     if cfg.data.name == "synthetic":
         raise ValueError(f"model={cfg.model.name} translates; choose data=multi30k or data=fra_eng")
-    dm = TranslationDataModule(cfg.paths.tokenized, cfg.model.batch_size, cfg.data.max_len, cfg.seed)
+    dm = TranslationDataModule(cfg.paths.tokenized, cfg.model.batch_size, cfg.data.max_len, cfg.seed,
+                               max_tokens=cfg.model.get("max_tokens"))
     module = TranslationModule(net=_plain(cfg.model.net), optimizer=_plain(cfg.optimizer),
                                vocab_size=dm.vocab_size, label_smoothing=cfg.model.label_smoothing,
                                warmup_steps=cfg.model.warmup_steps, src_vocab_size=dm.src_vocab_size)

@@ -16,15 +16,25 @@ from attnlab.attention import AdditiveAttention
 
 
 class Seq2SeqEncoder(nn.Module):
-    """Embedding + multi-layer GRU (D2L 10.7.2). src (B, S) → outputs (B, S, h), state (L, B, h)."""
+    """Embedding + multi-layer GRU (D2L 10.7.2).
+
+    src (B, S) int64, valid_lens (B,) int64 → outputs (B, S, h) (zero past each
+    valid length), state (L, B, h) taken at each sentence's last valid token.
+    Unlike D2L's encoder, which runs on through the padding, the GRU sees
+    packed sequences, so a sentence encodes the same whatever it is batched with.
+    """
 
     def __init__(self, vocab_size, embed_size, num_hiddens, num_layers, dropout, pad_id):
         super().__init__()
         self.embedding = nn.Embedding(vocab_size, embed_size, padding_idx=pad_id)
         self.rnn = nn.GRU(embed_size, num_hiddens, num_layers, dropout=dropout, batch_first=True)
 
-    def forward(self, src):
-        outputs, state = self.rnn(self.embedding(src))
+    def forward(self, src, valid_lens):
+        packed = nn.utils.rnn.pack_padded_sequence(
+            self.embedding(src), valid_lens.cpu().clamp_min(1), batch_first=True, enforce_sorted=False)
+        outputs, state = self.rnn(packed)
+        outputs, _ = nn.utils.rnn.pad_packed_sequence(outputs, batch_first=True,
+                                                      total_length=src.shape[1])
         return outputs, state
 
 
@@ -32,7 +42,8 @@ class Bahdanau(nn.Module):
     """Seq2seq with additive attention.
 
     Args:
-        vocab_size: joint vocabulary size V.
+        vocab_size: joint vocabulary size V (the target vocabulary when
+            ``src_vocab_size`` is given).
         embed_size: token embedding size.
         num_hiddens: GRU hidden size h (also the attention MLP size, as in D2L).
         num_layers: GRU layers in encoder and decoder.
@@ -57,9 +68,11 @@ class Bahdanau(nn.Module):
         self.dense = nn.Linear(num_hiddens, vocab_size)
 
     def init_state(self, src, src_valid_lens):
-        """State (encoder outputs (B, S, h), valid lens (B,), hidden (L, B, h), W_k·keys (B, S, h))."""
-        enc_outputs, hidden = self.encoder(src)
-        return (enc_outputs, src_valid_lens, hidden, self.attention.project_keys(enc_outputs))
+        """State, batch-first: (encoder outputs (B, S, h), valid lens (B,),
+        decoder hidden state (B, L, h), W_k·keys (B, S, h))."""
+        enc_outputs, hidden = self.encoder(src, src_valid_lens)
+        return (enc_outputs, src_valid_lens, hidden.transpose(0, 1),
+                self.attention.project_keys(enc_outputs))
 
     def _decode(self, tgt_in, enc_outputs, src_valid_lens, hidden, proj_keys, record=False):
         """Run the decoder over tgt_in (B, T); returns logits (B, T, V), hidden, weights (B, T, S)."""
@@ -77,16 +90,25 @@ class Bahdanau(nn.Module):
         logits = self.dense(self.dropout(torch.cat(outputs, dim=1)))  # (B, T, V)
         return logits, hidden, (torch.cat(weights, dim=1) if record else None)
 
+    def _start(self, src, src_valid_lens):
+        """init_state with the hidden state in the GRU's (L, B, h) layout."""
+        enc_outputs, valid, hidden, proj_keys = self.init_state(src, src_valid_lens)
+        return enc_outputs, valid, hidden.transpose(0, 1).contiguous(), proj_keys
+
     def forward(self, src, src_valid_lens, tgt_in):
         """Teacher-forced logits (B, T, V) for source (B, S) and shifted target (B, T)."""
-        return self._decode(tgt_in, *self.init_state(src, src_valid_lens))[0]
+        return self._decode(tgt_in, *self._start(src, src_valid_lens))[0]
 
     def step(self, ys, enc_outputs, src_valid_lens, hidden, proj_keys):
-        """Logits (B, V) of the next token after prefix ``ys`` (B, T) and the new state."""
-        logits, hidden, _ = self._decode(ys[:, -1:], enc_outputs, src_valid_lens, hidden, proj_keys)
-        return (logits[:, -1], enc_outputs, src_valid_lens, hidden, proj_keys)
+        """Logits (B, V) of the next token after prefix ``ys`` (B, T) and the new state.
+
+        The GRU state is the cache: only ``ys[:, -1]`` is computed.
+        """
+        logits, hidden, _ = self._decode(ys[:, -1:], enc_outputs, src_valid_lens,
+                                         hidden.transpose(0, 1).contiguous(), proj_keys)
+        return (logits[:, -1], enc_outputs, src_valid_lens, hidden.transpose(0, 1), proj_keys)
 
     def attention_maps(self, src, src_valid_lens, tgt_in):
         """Target-by-source alignment of a teacher-forced pass: {"alignment": [(B, 1, T, S)]}."""
-        _, _, weights = self._decode(tgt_in, *self.init_state(src, src_valid_lens), record=True)
+        _, _, weights = self._decode(tgt_in, *self._start(src, src_valid_lens), record=True)
         return {"alignment": [weights.unsqueeze(1)]}

@@ -43,21 +43,34 @@ class TransformerDecoderBlock(nn.Module):
         self.addnorm3 = AddNorm(d_model, dropout)
 
     def forward(self, X, enc_outputs, enc_valid_lens, need_weights=False):
-        B, T = X.shape[0], X.shape[1]
-        # Causal mask as per-query valid lengths: query t sees keys 0..t. (B, T)
-        dec_valid_lens = torch.arange(1, T + 1, device=X.device).expand(B, T)
-        X2 = self.attention1(X, X, X, dec_valid_lens, need_weights=need_weights)
+        # Causal self-attention: query t sees keys 0..t (D2L passes valid lengths 1..T).
+        X2 = self.attention1(X, X, X, need_weights=need_weights, is_causal=True)
         Y = self.addnorm1(X, X2)
         Y2 = self.attention2(Y, enc_outputs, enc_outputs, enc_valid_lens, need_weights=need_weights)
         Z = self.addnorm2(Y, Y2)
         return self.addnorm3(Z, self.ffn(Z))
+
+    def step(self, X, enc_k, enc_v, enc_valid_lens, self_k, self_v):
+        """One incremental decoding step (Vaswani et al. 3.2.3, cached keys and values).
+
+        X (B, 1, d_model) is the newest position; enc_k/enc_v (B, H, S, d) the
+        projected encoder outputs; self_k/self_v (B, H, t, d) the projected
+        earlier positions. Returns (output (B, 1, d_model), self_k, self_v with
+        t + 1 positions). Equals :meth:`forward` at the last position.
+        """
+        k, v = self.attention1.project_kv(X, X)
+        self_k, self_v = torch.cat([self_k, k], dim=2), torch.cat([self_v, v], dim=2)
+        Y = self.addnorm1(X, self.attention1.attend(X, self_k, self_v))  # sees all earlier positions
+        Z = self.addnorm2(Y, self.attention2.attend(Y, enc_k, enc_v, enc_valid_lens))
+        return self.addnorm3(Z, self.ffn(Z)), self_k, self_v
 
 
 class Transformer(nn.Module):
     """Encoder–decoder Transformer for translation.
 
     Args:
-        vocab_size: joint vocabulary size V.
+        vocab_size: joint vocabulary size V (the target vocabulary when
+            ``src_vocab_size`` is given).
         d_model, num_heads, num_layers, ffn_hidden, dropout: as in Vaswani et al.
             (D2L: num_hiddens, num_heads, num_blks, ffn_num_hiddens, dropout).
         pad_id: id of the padding token (its embedding row stays zero).
@@ -123,11 +136,43 @@ class Transformer(nn.Module):
 
     # --- decoding interface shared with Bahdanau (see attnlab.decoding) ---
     def init_state(self, src, src_valid_lens):
-        """Decoder state for greedy decoding: (encoder outputs, source valid lengths)."""
+        """Incremental decoding state, every tensor batch-first:
+        (src_valid_lens (B,), next position (B,), then per decoder layer the
+        encoder keys and values (B, H, S, d), then per layer the (empty) cache
+        of earlier target positions' keys and values (B, H, 0, d))."""
+        enc = self.encode(src, src_valid_lens)
+        B = src.shape[0]
+        state = [src_valid_lens, torch.zeros(B, dtype=torch.long, device=src.device)]
+        for blk in self.decoder_blocks:
+            state += blk.attention2.project_kv(enc, enc)
+        for blk in self.decoder_blocks:
+            heads = blk.attention1.num_heads
+            empty = enc.new_zeros(B, heads, 0, self.d_model // heads)
+            state += [empty, empty]
+        return tuple(state)
+
+    def step(self, ys, src_valid_lens, pos, *kv):
+        """Logits (B, V) of the next token after prefix ``ys`` (B, T), and the new state.
+
+        Only ``ys[:, -1]`` is computed: earlier positions come from the cache, so a
+        step costs one position, not the whole prefix (:meth:`step_uncached`).
+        """
+        L = len(self.decoder_blocks)
+        enc_kv, self_kv = kv[: 2 * L], kv[2 * L :]
+        X = self.pos_encoding.at(self.tgt_embedding(ys[:, -1:]) * math.sqrt(self.d_model), pos)
+        new_self = []
+        for i, blk in enumerate(self.decoder_blocks):
+            X, k, v = blk.step(X, enc_kv[2 * i], enc_kv[2 * i + 1], src_valid_lens,
+                               self_kv[2 * i], self_kv[2 * i + 1])
+            new_self += [k, v]
+        return (self.output(X[:, -1]), src_valid_lens, pos + 1, *enc_kv, *new_self)
+
+    def init_state_uncached(self, src, src_valid_lens):
+        """State of the reference decoder without a cache: (encoder outputs, source valid lengths)."""
         return (self.encode(src, src_valid_lens), src_valid_lens)
 
-    def step(self, ys, enc_outputs, src_valid_lens):
-        """Logits (B, V) of the next token after prefix ``ys`` (B, T); state unchanged."""
+    def step_uncached(self, ys, enc_outputs, src_valid_lens):
+        """Logits (B, V) after prefix ``ys`` (B, T), recomputing the whole prefix; state unchanged."""
         last = self.decoder_states(ys, enc_outputs, src_valid_lens)[:, -1]  # (B, d_model)
         return (self.output(last), enc_outputs, src_valid_lens)
 

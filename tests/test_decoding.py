@@ -1,0 +1,150 @@
+"""Decoding: beam search against hand-computed sequence probabilities; the Transformer's
+KV-cached step against the full-prefix recomputation; beam 1 against greedy."""
+import math
+
+import pytest
+import torch
+
+from attnlab.data.tokenizer import BOS_ID, EOS_ID, PAD_ID
+from attnlab.decoding import beam_search, greedy_decode
+from attnlab.models.bahdanau import Bahdanau
+from attnlab.models.transformer import Transformer
+
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
+
+A, C = 4, 5  # two ordinary tokens; vocabulary 0..5
+
+
+class TableModel:
+    """Next-token probabilities looked up by the generated prefix (without <bos>)."""
+
+    def __init__(self, table, vocab=6):
+        self.table, self.vocab = table, vocab
+
+    def init_state(self, src, valid):
+        return (valid,)
+
+    def step(self, ys, valid):
+        logits = torch.full((ys.shape[0], self.vocab), -30.0)
+        for r, row in enumerate(ys.tolist()):
+            prefix = tuple(t for t in row[1:] if t != PAD_ID)
+            for tok, p in self.table.get(prefix, {EOS_ID: 1.0}).items():
+                logits[r, tok] = math.log(p)
+        return logits, valid
+
+
+def _decode(model, max_len, **kw):
+    src, valid = torch.zeros(1, 2, dtype=torch.long), torch.tensor([2])
+    if kw.get("beam_size", 1) == 1 and not kw:
+        return greedy_decode(model.init_state, model.step, src, valid, max_len)[0].tolist()
+    return beam_search(model.init_state, model.step, src, valid, max_len, **kw)[0].tolist()
+
+
+def test_beam_finds_the_more_probable_sequence_greedy_misses():
+    # P(A)=0.6, P(C)=0.4; after A the best is A again (0.35); after C, <eos> (0.9).
+    # Greedy: A A (0.6·0.35 = 0.21). Best of length ≤ 2: C <eos> (0.4·0.9 = 0.36).
+    table = {(): {A: 0.6, C: 0.4},
+             (A,): {A: 0.35, C: 0.34, EOS_ID: 0.31}, (C,): {EOS_ID: 0.9, A: 0.1}}
+    m = TableModel(table)
+    assert _decode(m, 2) == [A, A]
+    assert _decode(m, 2, beam_size=2) == [C, EOS_ID]
+    assert _decode(m, 2, beam_size=1) == [A, A]  # beam 1 is greedy
+
+
+def test_length_penalty_alpha_changes_the_winner_as_computed_by_hand():
+    # short: <eos> with P 0.5; long: A A <eos> with P 0.5·0.9·0.9.
+    table = {(): {EOS_ID: 0.5, A: 0.5}, (A,): {A: 0.9, EOS_ID: 0.1}, (A, A): {EOS_ID: 0.9, A: 0.1}}
+    m = TableModel(table)
+    short, long = math.log(0.5), math.log(0.5 * 0.9 * 0.9)
+
+    def lp(n, alpha):
+        return ((5 + n) / 6) ** alpha
+
+    for alpha in (0.0, 0.6, 1.0, 2.0):
+        expect_long = long / lp(3, alpha) > short / lp(1, alpha)
+        out = _decode(m, 5, beam_size=2, alpha=alpha)
+        assert out[: 3 if expect_long else 1] == ([A, A, EOS_ID] if expect_long else [EOS_ID]), alpha
+    assert _decode(m, 5, beam_size=2, alpha=0.0)[0] == EOS_ID  # no normalization: short wins
+    assert _decode(m, 5, beam_size=2, alpha=1.0)[:3] == [A, A, EOS_ID]  # 1.0: long wins
+
+
+def test_beam_pads_after_eos_and_stops_when_all_beams_end():
+    m = TableModel({(): {A: 0.7, C: 0.3}})  # then <eos> everywhere
+    out = _decode(m, 10, beam_size=3)
+    assert out == [A, EOS_ID]  # stopped after two steps although max_len is 10
+
+
+def test_beam_rejects_bad_arguments():
+    m = TableModel({})
+    with pytest.raises(ValueError, match="beam_size"):
+        _decode(m, 3, beam_size=0)
+    with pytest.raises(ValueError, match="alpha"):
+        _decode(m, 3, beam_size=2, alpha=-1.0)
+
+
+def _nets(vocab=40):
+    torch.manual_seed(0)
+    return {"transformer": Transformer(vocab, d_model=32, num_heads=4, num_layers=2, ffn_hidden=64,
+                                       dropout=0.0, tie_embeddings=False).eval(),
+            "bahdanau": Bahdanau(vocab, embed_size=16, num_hiddens=32, num_layers=2, dropout=0.0).eval()}
+
+
+def _batch(seed=1):
+    g = torch.Generator().manual_seed(seed)
+    src = torch.randint(4, 40, (5, 7), generator=g)
+    valid = torch.tensor([7, 5, 3, 1, 6])
+    src[torch.arange(7)[None, :] >= valid[:, None]] = PAD_ID
+    return src, valid
+
+
+def test_cached_step_equals_full_prefix_recomputation():
+    """The KV cache changes only the cost: logits at every step match the uncached decoder
+    (1e-5) and greedy / beam tokens are identical."""
+    net = _nets()["transformer"]
+    src, valid = _batch()
+    cached = net.init_state(src, valid)
+    full = net.init_state_uncached(src, valid)
+    ys = torch.full((5, 1), BOS_ID)
+    for _ in range(12):
+        lc, *cached = net.step(ys, *cached)
+        lf, *full = net.step_uncached(ys, *full)
+        torch.testing.assert_close(lc, lf, atol=1e-5, rtol=1e-5)
+        ys = torch.cat([ys, lf.argmax(-1, keepdim=True)], 1)
+    for decode in (lambda i, s: greedy_decode(i, s, src, valid, 20),
+                   lambda i, s: beam_search(i, s, src, valid, 20, beam_size=4, alpha=0.6)):
+        assert torch.equal(decode(net.init_state, net.step),
+                           decode(net.init_state_uncached, net.step_uncached))
+
+
+@pytest.mark.parametrize("kind", ["transformer", "bahdanau"])
+def test_beam_one_is_greedy_and_batching_changes_nothing(kind):
+    net = _nets()[kind]
+    src, valid = _batch(2)
+    greedy = greedy_decode(net.init_state, net.step, src, valid, 15)
+    assert torch.equal(beam_search(net.init_state, net.step, src, valid, 15, beam_size=1), greedy)
+    batched = beam_search(net.init_state, net.step, src, valid, 15, beam_size=4)
+    for i in range(5):  # the same sentence alone, at its own padded length
+        n = int(valid[i])
+        alone = beam_search(net.init_state, net.step, src[i : i + 1, :n], valid[i : i + 1], 15, beam_size=4)
+        row = batched[i, : alone.shape[1]]
+        assert torch.equal(row, alone[0]), i
+        assert torch.all(batched[i, alone.shape[1]:] == PAD_ID)
+
+
+@pytest.mark.parametrize("kind", ["transformer", "bahdanau"])
+def test_beam_result_scores_at_least_the_greedy_sequence(kind):
+    """With α = 0 the returned hypothesis has log P ≥ the greedy one's (teacher-forced scores)."""
+    net = _nets()[kind]
+    src, valid = _batch(3)
+
+    def logprob(ys):
+        tgt_in = torch.cat([torch.full((ys.shape[0], 1), BOS_ID), ys[:, :-1]], 1)
+        logp = torch.log_softmax(net(src, valid, tgt_in), -1).gather(-1, ys[..., None])[..., 0]
+        ended = torch.cumsum((ys == EOS_ID).long(), 1) - (ys == EOS_ID).long()  # after the <eos>
+        return (logp * (ended == 0)).sum(1)
+
+    greedy = greedy_decode(net.init_state, net.step, src, valid, 15)
+    beam = beam_search(net.init_state, net.step, src, valid, 15, beam_size=5)
+    T = max(greedy.shape[1], beam.shape[1])
+    pad = lambda y: torch.nn.functional.pad(y, (0, T - y.shape[1]), value=PAD_ID)
+    assert torch.all(logprob(pad(beam)) >= logprob(pad(greedy)) - 1e-5)
