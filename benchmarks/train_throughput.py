@@ -14,10 +14,11 @@ batches / wall time), their ratios, peak RSS of the process, model FLOP
 utilization (the analytic FLOPs of the timed steps / wall time, against a
 matmul rate measured in the same run), the padding fraction of the batches,
 and greedy and beam-5 decoding sentences/s of attnlab's Transformer with and
-without its KV cache, for ``--decode-len``-token outputs.
+without its KV cache, for outputs of exactly ``--decode-len`` tokens (<eos> is
+forbidden while decoding, so every sentence costs the same number of steps).
 The last line is one JSON object.
 
-    python benchmarks/train_throughput.py [--steps 10 --warmup 3 --max-tokens 2400]
+    python benchmarks/train_throughput.py [--steps 10 --bf16-steps 3 --warmup 3 --max-tokens 2400]
     ATTNLAB_DATA_MIRROR=../shared/data python benchmarks/train_throughput.py   # no data/raw yet
 """
 from __future__ import annotations
@@ -37,7 +38,7 @@ from torch.nn import functional as F
 
 from attnlab.data.batching import PairDataset, TokenBudgetBatchSampler, collate, padding_fraction
 from attnlab.data.corpora import read_multi30k
-from attnlab.data.tokenizer import PAD_ID, train_sentencepiece
+from attnlab.data.tokenizer import EOS_ID, PAD_ID, train_sentencepiece
 from attnlab.decoding import beam_search, encode_sources, greedy_decode
 from attnlab.models.transformer import Transformer
 
@@ -109,6 +110,14 @@ def matmul_rate(dtype, n=1024, reps=20) -> float:
     return 2 * n ** 3 * reps / (time.perf_counter() - t)
 
 
+def without_eos(step):
+    """``step`` with <eos> forbidden, so every output has exactly the decoding length."""
+    def forced(ys, *state):
+        logits, *state = step(ys, *state)
+        return (logits.index_fill(-1, torch.tensor([EOS_ID]), float("-inf")), *state)
+    return forced
+
+
 def load_pairs(args):
     raw = Path(args.raw)
     if not (raw / "multi30k").is_dir():
@@ -126,7 +135,8 @@ def main() -> None:
     p.add_argument("--max-tokens", type=int, default=2400)
     p.add_argument("--steps", type=int, default=10)
     p.add_argument("--warmup", type=int, default=3)
-    p.add_argument("--bf16-steps", type=int, default=None, help="timed bf16 steps (default --steps)")
+    p.add_argument("--bf16-steps", type=int, default=3,
+                   help="timed bf16 steps (few: a CPU without bf16 matrix units is ~20× slower)")
     p.add_argument("--decode-sentences", type=int, default=64)
     p.add_argument("--decode-len", type=int, default=30)
     p.add_argument("--seed", type=int, default=0)
@@ -140,7 +150,7 @@ def main() -> None:
     ds = PairDataset(sp.encode([s for s, _ in train]), sp.encode([t for _, t in train]), max_len=100)
     sampler = TokenBudgetBatchSampler(ds.lengths(), a.max_tokens, seed=a.seed)
     epoch = list(sampler)
-    n_batches = a.warmup + max(a.steps, a.bf16_steps or 0)
+    n_batches = a.warmup + max(a.steps, a.bf16_steps)
     batches = [collate([ds[i] for i in b]) for b in epoch[:n_batches]]
     pad_epoch = padding_fraction(epoch, ds.src, ds.tgt)
 
@@ -151,7 +161,9 @@ def main() -> None:
     result = {"vocab": V, "params_attnlab": params["attnlab"], "params_peer": params["peer"],
               "padding_fraction": pad_epoch, "batches_per_epoch": len(epoch)}
 
-    for precision, steps in (("fp32", a.steps), ("bf16", a.bf16_steps or a.steps)):
+    for precision, steps in (("fp32", a.steps), ("bf16", a.bf16_steps)):
+        if steps < 1:
+            continue
         bf16 = precision == "bf16"
         opts = {k: torch.optim.AdamW(m.parameters(), lr=5e-4) for k, m in models.items()}
         for m in models.values():
@@ -177,14 +189,15 @@ def main() -> None:
         print(f"{precision}: attnlab {result[f'attnlab_{precision}']:.0f} tok/s, "
               f"peer {result[f'peer_{precision}']:.0f} tok/s, ratio {result[f'attnlab_vs_peer_{precision}']:.2f}",
               flush=True)
-    result["bf16_vs_fp32_attnlab"] = result["attnlab_bf16"] / result["attnlab_fp32"]
-    result["bf16_vs_fp32_peer"] = result["peer_bf16"] / result["peer_fp32"]
+    if a.bf16_steps >= 1:
+        result["bf16_vs_fp32_attnlab"] = result["attnlab_bf16"] / result["attnlab_fp32"]
+        result["bf16_vs_fp32_peer"] = result["peer_bf16"] / result["peer_fp32"]
 
     net = models["attnlab"].eval()
     sources = [s for s, _ in val[: a.decode_sentences]]
     src, valid = encode_sources(sp, sources)
-    interfaces = {"cached": (net.init_state, net.step),
-                  "uncached": (net.init_state_uncached, net.step_uncached)}
+    interfaces = {"cached": (net.init_state, without_eos(net.step)),
+                  "uncached": (net.init_state_uncached, without_eos(net.step_uncached))}
     outputs = {}
     for beam in (1, 5):
         for name, (init, step) in interfaces.items():
