@@ -17,8 +17,7 @@ import torch
 from omegaconf import DictConfig
 
 from attnlab.checkpoint import load_net
-from attnlab.data.tokenizer import load_tokenizer
-from attnlab.data.tokenizer import EOS_ID
+from attnlab.data.tokenizer import EOS_ID, load_tokenizer
 from attnlab.decoding import greedy_decode
 from attnlab.files import write_json_atomic
 from attnlab.metrics import d2l_bleu
