@@ -1,7 +1,11 @@
 """DVC stage `export@<model>`: best checkpoint → self-contained folder models/<model>/.
 
 The folder loads with torch and sentencepiece alone (see attnlab.export);
-`python src/translate.py model=<model>` uses it.
+`python src/translate.py model=<model>` uses it. A translation model is also
+logged to its training run as an MLflow pyfunc model and registered as
+`attnlab-<model>` (a new version each run); the summary line prints the
+`mlflow models serve` command. Sentences longer than `serving.max_input_chars`
+characters (conf/config.yaml, default 500; `serving.max_input_chars=N` to change) are refused.
     python src/export.py model=transformer
 """
 from pathlib import Path
@@ -10,7 +14,8 @@ import hydra
 from omegaconf import DictConfig, OmegaConf
 
 from attnlab.checkpoint import load_net
-from attnlab.export import export_regression, export_translation
+from attnlab.export import (DEFAULT_MAX_INPUT_CHARS, export_regression, export_translation,
+                            log_served_model, serve_command)
 from attnlab.models.nadaraya_watson import synthetic_from_config
 from attnlab.tracking import read_run_record
 
@@ -30,9 +35,15 @@ def main(cfg: DictConfig) -> None:
     if cfg.model.task == "regression":
         data = synthetic_from_config(cfg.data, cfg.seed)
         export_regression(net, data["x_train"], data["y_train"], out_dir, facts)
-    else:
-        export_translation(net, Path(cfg.paths.tokenized) / "spm.model", out_dir, facts)
-    print(f"{name}: exported → {out_dir}")
+        print(f"{name}: exported → {out_dir}")
+        return
+    if "decoding" in cfg.model:  # the beam settings evaluate uses; the served model uses them too
+        facts["decoding"] = OmegaConf.to_container(cfg.model.decoding, resolve=True)
+    max_chars = OmegaConf.select(cfg, "serving.max_input_chars", default=DEFAULT_MAX_INPUT_CHARS)
+    export_translation(net, Path(cfg.paths.tokenized) / "spm.model", out_dir, facts, max_chars)
+    registered, version = log_served_model(out_dir, name, record["run_id"], record["tracking_uri"])
+    print(f"{name}: exported → {out_dir}; registered MLflow model {registered} version {version}; "
+          f"serve it with: {serve_command(registered, version, record['tracking_uri'])}")
 
 
 if __name__ == "__main__":

@@ -2,12 +2,23 @@
 
 Sentencepiece corpora (data=multi30k, data=fra_eng) write to
 data/tokenized/<corpus>-<src>-<tgt>/: spm.model, spm.vocab, {train,val,test}.npz
-(token ids) and {val,test}.{src,tgt}.txt (normalized text).
+(token ids), {val,test}.{src,tgt}.txt (normalized text) and stats.json.
+Training pairs with an empty side, or with data.max_len or more tokens on a
+side, are dropped (attnlab.data.tokenizer.filter_pairs); val and test keep every
+pair so they stay aligned with their references. stats.json and the printout
+give the counts.
 data=fra_eng_d2l writes D2L's fixed-length arrays instead (see attnlab.data.d2l):
-vocab.json, {train,val}.npz and val.{src,tgt}.txt (D2L-preprocessed text).
+vocab.json, {train,val}.npz, val.{src,tgt}.txt (D2L-preprocessed text), stats.json.
+
+The output folder is built beside the target and renamed into place at the
+end: a failed run leaves the previous output as it was, and no partial one.
     python src/tokenize_data.py data=multi30k data.tgt_lang=de
     python src/tokenize_data.py data=fra_eng_d2l
 """
+import os
+import shutil
+import tempfile
+from contextlib import contextmanager
 from pathlib import Path
 
 import hydra
@@ -15,16 +26,53 @@ from omegaconf import DictConfig
 
 from attnlab.data import d2l
 from attnlab.data.corpora import CorpusError, load_splits
-from attnlab.data.tokenizer import encode_split, train_sentencepiece
-from attnlab.files import write_lines_atomic
+from attnlab.data.tokenizer import (VocabSizeError, encode_pairs, filter_pairs, train_sentencepiece,
+                                    write_split)
+from attnlab.files import write_json_atomic, write_lines_atomic
+
+RULE = ("training pairs with an empty side (after normalization) or with max_len or more "
+        "sentencepiece tokens on a side are dropped; val and test keep every pair")
+
+
+@contextmanager
+def staged_dir(out: Path):
+    """A fresh folder beside ``out``; renamed onto ``out`` if the block succeeds, else deleted."""
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", suffix=".tmp", dir=out.parent))
+    try:
+        yield tmp
+        os.chmod(tmp, 0o755)  # mkdtemp makes 0700
+        old = out.with_name(f"{tmp.name}.old") if out.exists() else None
+        if old:
+            os.rename(out, old)
+        try:
+            os.rename(tmp, out)
+        except BaseException:
+            if old:
+                os.rename(old, out)
+            raise
+        if old and old.is_symlink():
+            old.unlink()
+        elif old:
+            shutil.rmtree(old)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+def _empty_train_fix(cfg: DictConfig) -> str:
+    """What to change when the training split has no usable pair."""
+    c = cfg.data
+    if c.name == "multi30k":
+        return (f"Check {cfg.paths.raw}/multi30k/{c.splits.train}.{{{c.src_lang},{c.tgt_lang}}}.gz "
+                "(delete them and re-run `dvc repro download`) and data.splits.train")
+    return (f"Check {cfg.paths.raw}/fra-eng.zip (delete it and re-run `dvc repro download`) and "
+            f"data.heldout (num_val={c.heldout.num_val} + num_test={c.heldout.num_test} pairs "
+            "are held out before training gets any)")
 
 
 def tokenize_d2l(cfg: DictConfig, out: Path) -> None:
-    """D2L's MTFraEng arrays and vocabularies (data=fra_eng_d2l)."""
+    """D2L's MTFraEng arrays and vocabularies (data=fra_eng_d2l), no filtering (D2L trims/pads)."""
     zip_path = Path(cfg.paths.raw) / "fra-eng.zip"
-    if not zip_path.exists():
-        raise SystemExit(f"tokenize failed: {zip_path} does not exist; run `dvc repro download` "
-                         "(or `python src/download.py`) first")
     c = cfg.data
     if (c.src_lang, c.tgt_lang) != ("en", "fr"):
         raise SystemExit(f"data=fra_eng_d2l is D2L's English→French setup; got "
@@ -32,17 +80,73 @@ def tokenize_d2l(cfg: DictConfig, out: Path) -> None:
     try:
         train, val, tokenizer, (src, tgt) = d2l.mt_fra_eng(
             d2l.read_fra_txt(zip_path), c.num_steps, c.num_train, c.num_val, c.min_freq)
-    except (ValueError, KeyError, OSError) as e:
+    except CorpusError as e:
+        raise SystemExit(f"tokenize failed: {e}") from None
+    except ValueError as e:
         raise SystemExit(f"tokenize failed: {zip_path}: {e}") from None
-    tokenizer.save(out / d2l.VOCAB_FILE)
-    d2l.save_arrays(train, out / "train.npz")
-    d2l.save_arrays(val, out / "val.npz")
-    # Val text in D2L's token space (the <eos> dropped), for val_bleu and heatmaps.
-    write_lines_atomic(out / "val.src.txt", [" ".join(s[:-1]) for s in src[c.num_train:]])
-    write_lines_atomic(out / "val.tgt.txt", [" ".join(t[:-1]) for t in tgt[c.num_train:]])
+    with staged_dir(out) as tmp:
+        tokenizer.save(tmp / d2l.VOCAB_FILE)
+        d2l.save_arrays(train, tmp / "train.npz")
+        d2l.save_arrays(val, tmp / "val.npz")
+        # Val text in D2L's token space (the <eos> dropped), for val_bleu and heatmaps.
+        write_lines_atomic(tmp / "val.src.txt", [" ".join(s[:-1]) for s in src[c.num_train:]])
+        write_lines_atomic(tmp / "val.tgt.txt", [" ".join(t[:-1]) for t in tgt[c.num_train:]])
+        write_json_atomic(tmp / "stats.json", {
+            "rule": "none: D2L's MTFraEng trims or pads every sequence to num_steps",
+            "splits": {"train": len(train["src"]), "val": len(val["src"])}})
     print(f"train: {len(train['src'])} pairs\nval: {len(val['src'])} pairs")
     print(f"vocabulary: {tokenizer.source_vocab_size()} source words, "
           f"{tokenizer.get_piece_size()} target words → {out}")
+
+
+def tokenize_sentencepiece(cfg: DictConfig, out: Path) -> None:
+    """Joint sentencepiece BPE on the training split; filtered train, full val/test; stats.json."""
+    c = cfg.data
+    if c.max_len < 2:
+        raise SystemExit(f"tokenize failed: data.max_len={c.max_len} would drop every pair; "
+                         "set data.max_len=2 or more (a token plus <eos>)")
+    try:
+        splits = load_splits(c, Path(cfg.paths.raw))
+    except CorpusError as e:
+        raise SystemExit(f"tokenize failed: {e}") from None
+    usable = [(s, t) for s, t in splits["train"] if s and t]
+    if not usable:  # checked before anything is written
+        raise SystemExit(f"tokenize failed: the training split is empty: {len(splits['train'])} pairs "
+                         "read, none with text on both sides; nothing was written. "
+                         + _empty_train_fix(cfg))
+    stats = {"rule": RULE, "max_len": c.max_len, "splits": {}}
+    with staged_dir(out) as tmp:
+        try:  # joint vocabulary, trained on the train pairs that have text on both sides
+            sp = train_sentencepiece([s for pair in usable for s in pair], tmp / "spm", c.vocab_size)
+        except VocabSizeError as e:
+            raise SystemExit(f"tokenize failed: {e}; nothing was written") from None
+        stats["vocab_size"] = {"requested": c.vocab_size, "actual": sp.get_piece_size()}
+        for name, pairs in splits.items():
+            src, tgt = encode_pairs(sp, pairs)
+            keep, counts = filter_pairs(src, tgt, c.max_len)
+            if name == "train":
+                if not keep:
+                    raise SystemExit(
+                        f"tokenize failed: every training pair has data.max_len={c.max_len} or more "
+                        f"tokens on a side ({counts}); nothing was written. Raise data.max_len")
+                src, tgt = [src[i] for i in keep], [tgt[i] for i in keep]
+                print(f"{name}: {counts['kept']} pairs kept of {counts['pairs']} (dropped "
+                      f"{counts['empty']} with an empty side, {counts['too_long']} with "
+                      f"≥ {c.max_len} tokens on a side)")
+            else:  # aligned with the references: keep all, report what training would drop
+                counts["kept"] = counts["pairs"]
+                write_lines_atomic(tmp / f"{name}.src.txt", [s for s, _ in pairs])
+                write_lines_atomic(tmp / f"{name}.tgt.txt", [t for _, t in pairs])
+                print(f"{name}: {counts['pairs']} pairs, all kept ({counts['empty']} with an empty "
+                      f"side, {counts['too_long']} with ≥ {c.max_len} tokens on a side)")
+            write_split(tmp / f"{name}.npz", src, tgt)
+            stats["splits"][name] = counts
+        write_json_atomic(tmp / "stats.json", stats)
+    note = ""
+    if sp.get_piece_size() < c.vocab_size:
+        note = (f" (data.vocab_size={c.vocab_size} is more than this corpus gives; "
+                f"sentencepiece stopped at {sp.get_piece_size()})")
+    print(f"vocabulary: {sp.get_piece_size()} pieces{note} → {out} (counts in stats.json)")
 
 
 @hydra.main(version_base="1.3", config_path="../conf", config_name="config")
@@ -50,22 +154,9 @@ def main(cfg: DictConfig) -> None:
     if cfg.data.name == "synthetic":
         raise SystemExit("data=synthetic needs no tokenizer; choose data=multi30k or data=fra_eng")
     out = Path(cfg.paths.tokenized)
-    out.mkdir(parents=True, exist_ok=True)
     if cfg.data.get("tokenizer", "sentencepiece") == "d2l_words":
         return tokenize_d2l(cfg, out)
-    try:
-        splits = load_splits(cfg.data, Path(cfg.paths.raw))
-    except CorpusError as e:
-        raise SystemExit(f"tokenize failed: {e}") from None
-    train_text = [s for pair in splits["train"] for s in pair]  # joint vocabulary, train only
-    sp = train_sentencepiece(train_text, out / "spm", cfg.data.vocab_size)
-    for name, pairs in splits.items():
-        encode_split(sp, pairs, out / f"{name}.npz")
-        if name != "train":
-            write_lines_atomic(out / f"{name}.src.txt", [s for s, _ in pairs])
-            write_lines_atomic(out / f"{name}.tgt.txt", [t for _, t in pairs])
-        print(f"{name}: {len(pairs)} pairs")
-    print(f"vocabulary: {sp.get_piece_size()} pieces → {out}")
+    return tokenize_sentencepiece(cfg, out)
 
 
 if __name__ == "__main__":

@@ -1,55 +1,112 @@
-"""DVC stage `train@<model>`: fit one model, track it in MLflow.
+"""DVC stage `train@<model>`: fit one model, track it in MLflow, resume it after a kill.
 
     python src/train.py model=transformer optimizer=adamw device=cpu trainer.max_epochs=1
 
 Writes checkpoints/<model>/best.ckpt and runs/<model>.json (the MLflow run id
 that evaluate and export add to); logs the resolved config, per-epoch metrics,
 the checkpoint and attention heatmaps (attention/*.png) to MLflow.
+
+While it trains it keeps checkpoints/<model>/last.ckpt (every epoch and every
+`checkpoint.every_n_train_steps` steps). Killed, it resumes from there when the
+same command (or `dvc repro`) runs again with the same config, in the same
+MLflow run (attnlab.lit.resume); a finished run deletes last.ckpt.
 """
+import logging
 import tempfile
 from pathlib import Path
 
 import hydra
 import lightning.pytorch as pl
 from lightning.pytorch.callbacks import ModelCheckpoint
-from lightning.pytorch.loggers import MLFlowLogger
+from lightning.pytorch.utilities.exceptions import SIGTERMException
 from omegaconf import DictConfig, OmegaConf
 
 from attnlab.checkpoint import load_net
+from attnlab.files import ensure_writable
+from attnlab.lit.logger import ResilientMLFlowLogger
+from attnlab.lit.resume import LAST, ResumeState, config_fingerprint, find_resume_point
 from attnlab.lit.setup import build_task, heatmaps
-from attnlab.files import write_json_atomic
+from attnlab.lit.translation import NonFiniteLossError
+from attnlab.tracking import check_tracking_server, write_run_record
+
+log = logging.getLogger("train")
+
+
+def checkpoint_callbacks(cfg: DictConfig) -> tuple[ModelCheckpoint | None, list[ModelCheckpoint]]:
+    """The kept checkpoint (best by ``checkpoint.monitor``; ``None`` with no monitor, where
+    ``main`` saves the final model) and the resume checkpoints that overwrite
+    ``last.ckpt`` after every validation and every N steps.
+
+    Raises:
+        ValueError: ``checkpoint.filename`` is ``last``, the resume checkpoint's name.
+    """
+    d = cfg.paths.checkpoints
+    if cfg.checkpoint.filename == LAST:
+        raise ValueError(f"checkpoint.filename={LAST} is reserved for the resume checkpoint; "
+                         "choose another name, e.g. checkpoint.filename=final")
+    kept = None
+    if cfg.checkpoint.monitor:
+        kept = ModelCheckpoint(dirpath=d, filename=cfg.checkpoint.filename, monitor=cfg.checkpoint.monitor,
+                               mode=cfg.checkpoint.mode, save_top_k=1, enable_version_counter=False)
+    resume = [ModelCheckpoint(dirpath=d, filename=LAST, every_n_epochs=1, enable_version_counter=False)]
+    if cfg.checkpoint.every_n_train_steps:
+        resume.append(ModelCheckpoint(dirpath=d, filename=LAST, enable_version_counter=False,
+                                      every_n_train_steps=cfg.checkpoint.every_n_train_steps))
+    return kept, resume
 
 
 @hydra.main(version_base="1.3", config_path="../conf", config_name="config")
 def main(cfg: DictConfig) -> None:
+    ensure_writable(cfg.paths.checkpoints, cfg.paths.runs)
+    check_tracking_server(cfg.mlflow.tracking_uri)
     pl.seed_everything(cfg.seed, workers=True)
     module, loaders = build_task(cfg)
+    fingerprint = config_fingerprint(cfg)
+    resume, why = find_resume_point(Path(cfg.paths.checkpoints), fingerprint)
+    if why:
+        log.info(why)
     local_store = cfg.mlflow.tracking_uri.startswith("sqlite:")
-    logger = MLFlowLogger(experiment_name=cfg.mlflow.experiment, tracking_uri=cfg.mlflow.tracking_uri,
-                          tags={"model": cfg.model.name, "data": cfg.data.name}, log_model=True,
-                          artifact_location=cfg.mlflow.artifact_location if local_store else None)
-    checkpoint = ModelCheckpoint(dirpath=cfg.paths.checkpoints, filename=cfg.checkpoint.filename,
-                                 monitor=cfg.checkpoint.monitor, mode=cfg.checkpoint.mode,
-                                 save_top_k=1, enable_version_counter=False)
-    trainer = pl.Trainer(**cfg.trainer, **cfg.device, logger=logger, callbacks=[checkpoint])
-    if trainer.is_global_zero:
+    logger = ResilientMLFlowLogger(
+        experiment_name=cfg.mlflow.experiment, tracking_uri=cfg.mlflow.tracking_uri,
+        tags={"model": cfg.model.name, "data": cfg.data.name}, run_id=resume.run_id if resume else None,
+        artifact_location=cfg.mlflow.artifact_location if local_store else None)
+    kept, resume_checkpoints = checkpoint_callbacks(cfg)
+    callbacks = [*([kept] if kept else []), *resume_checkpoints, ResumeState(fingerprint, logger)]
+    trainer = pl.Trainer(**cfg.trainer, **cfg.device, logger=logger, callbacks=callbacks)
+    if trainer.is_global_zero and resume is None:
         logger.log_hyperparams(OmegaConf.to_container(cfg, resolve=True))
-        logger.experiment.log_text(logger.run_id, OmegaConf.to_yaml(cfg, resolve=True), "config.yaml")
-    trainer.fit(module, *loaders)
-    best_path = checkpoint.best_model_path
-    if not best_path:  # stopped (max_steps) before any validation: keep the final weights
+        logger.log_text(OmegaConf.to_yaml(cfg, resolve=True), "config.yaml")
+    try:
+        trainer.fit(module, *loaders, ckpt_path=resume.path if resume else None)
+    except SIGTERMException:  # Lightning stops at the next batch and exits with status 0: not done
+        raise SystemExit(f"{cfg.model.name}: stopped by SIGTERM at step {trainer.global_step}; run the "
+                         "same command (or `dvc repro`) again to resume from "
+                         f"{Path(cfg.paths.checkpoints) / f'{LAST}.ckpt'}") from None
+    except NonFiniteLossError as e:
+        last = Path(cfg.paths.checkpoints) / f"{LAST}.ckpt"
+        kept_note = (f"the last good checkpoint is {last} (the weights of the step before; resuming "
+                     "them unchanged meets the same loss)") if last.exists() else "no checkpoint was written yet"
+        raise NonFiniteLossError(f"{e}; training stopped, {kept_note}") from None
+    best_path = kept.best_model_path if kept else ""
+    if not best_path:  # no monitor, or stopped (max_steps) before any validation: the final weights
         best_path = str(Path(cfg.paths.checkpoints) / f"{cfg.checkpoint.filename}.ckpt")
         trainer.save_checkpoint(best_path)
+    log.info("rank %d: checkpoint %s (exists: %s)", trainer.global_rank, best_path, Path(best_path).exists())
     if not trainer.is_global_zero:
         return
+    logger.log_artifact(best_path, "checkpoint")
     with tempfile.TemporaryDirectory() as tmp:
         heatmaps(cfg, load_net(best_path, expected_kind=cfg.model.name), module, Path(tmp))
-        logger.experiment.log_artifacts(logger.run_id, tmp, "attention")
-    write_json_atomic(Path(cfg.paths.runs) / f"{cfg.model.name}.json", {
-        "run_id": logger.run_id, "tracking_uri": cfg.mlflow.tracking_uri,
-        "experiment": cfg.mlflow.experiment, "checkpoint": best_path})
+        logger.log_artifacts(tmp, "attention")
+    write_run_record(Path(cfg.paths.runs) / f"{cfg.model.name}.json", logger.run_id,
+                     cfg.mlflow.tracking_uri, cfg.mlflow.experiment, best_path)
+    (Path(cfg.paths.checkpoints) / f"{LAST}.ckpt").unlink(missing_ok=True)  # finished: nothing to resume
+    ui_hint = " (the default store: run `mlflow ui` from the project root)" if local_store else ""
     print(f"{cfg.model.name}: checkpoint {best_path}; MLflow run {logger.run_id} in "
-          f"{cfg.mlflow.tracking_uri} (the default store: run `mlflow ui` from the project root)")
+          f"{cfg.mlflow.tracking_uri}{ui_hint}")
+    if logger.offline_reason:
+        print(f"{cfg.model.name}: MLflow tracking stopped during the run ({logger.offline_reason}); "
+              "metrics after that point were not logged")
 
 
 if __name__ == "__main__":

@@ -3,6 +3,9 @@
     python src/translate.py model=transformer +text="A man rides a bike."
     printf 'A dog runs.\nTwo girls sing.\n' | python src/translate.py model=bahdanau
     python src/translate.py model=transformer model.decoding.beam_size=1 +text="…"   # greedy
+
+An empty line translates to an empty line; a sentence longer than the export's
+limit (config.json → serving.max_input_chars) is an error, as in the served model.
 """
 import sys
 from pathlib import Path
@@ -10,18 +13,17 @@ from pathlib import Path
 import hydra
 from omegaconf import DictConfig
 
-from attnlab.decoding import translate_text
-from attnlab.export import load_translator
+from attnlab.export import Translator
 
 
 @hydra.main(version_base="1.3", config_path="../conf", config_name="config")
 def main(cfg: DictConfig) -> None:
-    init_state, step, tokenizer, _ = load_translator(Path(cfg.paths.models) / cfg.model.name)
+    dec = cfg.model.decoding  # the same beam settings as evaluate
+    translator = Translator(Path(cfg.paths.models) / cfg.model.name,
+                            beam_size=dec.beam_size, alpha=dec.alpha)
     text = cfg.get("text")
     sentences = [str(text)] if text is not None else [line.rstrip("\n") for line in sys.stdin]
-    dec = cfg.model.decoding  # the same beam settings as evaluate
-    for line in translate_text(init_state, step, tokenizer, sentences,
-                               beam_size=dec.beam_size, alpha=dec.alpha):
+    for line in translator(sentences):
         print(line)
 
 

@@ -3,17 +3,22 @@
 The project's conf/, src/, dvc.yaml and params.yaml are copied into a temporary
 folder, shrunk (tiny models, few epochs), pointed at a mirror folder holding the
 tiny corpus, and run end to end with DVC; then the outputs, the MLflow store,
-DVC's change tracking and the exported models are checked.
+DVC's change tracking and the exported models are checked. The finished project
+then plays two more parts: a workspace where two `dvc repro` run at once, and the
+machine that `dvc push`es its results for a fresh `git clone` + `dvc pull`.
 """
+import hashlib
 import json
 import os
 import shutil
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
 import torch
+import yaml
 from omegaconf import OmegaConf
 
 from corpus_fixture import write_mirror
@@ -187,3 +192,144 @@ def test_nw_export_predicts_like_the_model(project):
     d = synthetic_regression(seed=0)
     expected = torch.softmax(-((x[:, None] - d["x_train"]) * w) ** 2 / 2, dim=1) @ d["y_train"]
     assert torch.allclose(predictor(x), expected, atol=1e-5)
+
+
+# --- two `dvc repro` at once ---------------------------------------------------------------
+# DVC holds the repository lock (.dvc/tmp/lock) while it reads the pipeline and records
+# results, but releases it while a stage's command runs; the stage's deps and outs are then
+# guarded by read/write entries in .dvc/tmp/rwlock, each naming the holder's PID
+# (treeverse/dvc#2584). A second `dvc repro` that reaches a guarded path stops with
+# "'<path>' is busy, it is being blocked by:\n  (PID <first>): <its command line>"; one that
+# arrives while the repository lock is held gives up after 3 s with "Unable to acquire lock".
+BLOCKED = "is busy, it is being blocked by:\n  (PID {pid}):"
+REPO_LOCKED = "Unable to acquire lock. Most likely another DVC process is running"
+
+
+def _write_locks(project: Path, pid: int) -> list:
+    """Paths that `.dvc/tmp/rwlock` shows process `pid` holding for writing."""
+    try:
+        held = json.loads((project / ".dvc/tmp/rwlock").read_text())
+    except (FileNotFoundError, json.JSONDecodeError):  # not written yet, or being rewritten
+        return []
+    return [path for path, info in held.get("write", {}).items() if info["pid"] == pid]
+
+
+def _sha256s(root: Path, rel: str) -> dict:
+    """relative path → sha256 of every file at `rel` (a file or a folder) under `root`."""
+    path = root / rel
+    files = [path] if path.is_file() else sorted(p for p in path.rglob("*") if p.is_file())
+    return {p.relative_to(root).as_posix(): hashlib.sha256(p.read_bytes()).hexdigest()
+            for p in files}
+
+
+def test_second_concurrent_repro_stops_on_the_lock_and_the_first_finishes(project, tmp_path):
+    # The first forces two cheap stages that leave nothing stale: `download` (its files are
+    # verified and kept, same hash) and `export@nw` (a leaf). Two commands give the second
+    # two chances to meet a held path; it meets `data/raw` first, `runs/nw.json` otherwise.
+    stages = ["download", "export@nw"]
+    raw_before = _sha256s(project, "data/raw")
+    x = torch.tensor([0.5, 2.5])
+    nw_before = torch.jit.load(str(project / "models/nw/model.pt"))(x)
+    with open(tmp_path / "first.out", "w") as out, open(tmp_path / "first.err", "w") as err:
+        first = subprocess.Popen([sys.executable, "-m", "dvc", "repro", "-f", "-s", *stages],
+                                 cwd=project, env=project.env, stdout=out, stderr=err, text=True)
+    try:
+        deadline = time.monotonic() + 120
+        while not (held := _write_locks(project, first.pid)):  # its command is running
+            assert first.poll() is None and time.monotonic() < deadline, (
+                "the first `dvc repro` never held a stage's outputs: "
+                + (tmp_path / "first.err").read_text()[-2000:])
+            time.sleep(0.05)
+        assert {os.path.relpath(p, project) for p in held} <= {"data/raw", "models/nw"}, held
+        second = dvc(project, "repro")
+        assert first.wait(timeout=600) == 0, (tmp_path / "first.err").read_text()[-3000:]
+    finally:
+        if first.poll() is None:
+            first.kill()
+            first.wait()
+    assert second.returncode != 0, second.stdout
+    assert BLOCKED.format(pid=first.pid) in second.stderr or REPO_LOCKED in second.stderr, (
+        second.stderr)
+    assert "Running stage" not in second.stdout  # it stopped before running anything
+    ran = (tmp_path / "first.out").read_text()
+    assert all(f"Running stage '{stage}'" in ran for stage in stages), ran
+    rwlock = json.loads((project / ".dvc/tmp/rwlock").read_text())
+    assert not any(rwlock.get("read", {}).values()) and not rwlock.get("write"), rwlock
+    assert dvc(project, "status").stdout.strip() == "Data and pipelines are up to date."
+    assert _sha256s(project, "data/raw") == raw_before
+    assert torch.equal(torch.jit.load(str(project / "models/nw/model.pt"))(x), nw_before)
+
+
+# --- results shared through a DVC remote --------------------------------------------------
+# What another machine gets: the files git tracks (decided by the repository's own
+# .gitignore files, so a product ignored by git but not pushed by DVC shows up here) plus
+# what `dvc pull` brings from the remote (the cached outputs).
+SHARED_OUTS = {"data/raw", "data/tokenized/multi30k-en-fr",
+               *(f"{d}/{m}" for d in ("checkpoints", "models") for m in MODELS),
+               *(f"{d}/{m}.json" for d in ("runs", "metrics") for m in MODELS)}
+
+
+def _lock_outs(project: Path) -> dict:
+    """Output path → the stage that writes it, for every output recorded in dvc.lock."""
+    lock = yaml.safe_load((project / "dvc.lock").read_text())
+    return {out["path"]: stage for stage, entry in lock["stages"].items()
+            for out in entry.get("outs", [])}
+
+
+@pytest.fixture(scope="module")
+def clone(project, tmp_path_factory):
+    """The finished project `dvc push`ed to a local-folder remote and committed to git; then
+    `git clone`d elsewhere and `dvc pull`ed there."""
+    if shutil.which("git") is None:
+        pytest.skip("git is not installed")
+    base = tmp_path_factory.mktemp("sharing")
+    added = dvc(project, "remote", "add", "-d", "storage", str(base / "remote"))
+    assert added.returncode == 0, added.stderr
+    push = dvc(project, "push")
+    assert push.returncode == 0, push.stdout[-3000:] + push.stderr[-3000:]
+    assert "files pushed" in push.stdout, push.stdout
+    synced = dvc(project, "status", "--cloud")
+    assert "Cache and remote 'storage' are in sync." in synced.stdout, synced.stdout
+    for name in (".gitignore", ".dvcignore", ".dvc/.gitignore"):
+        shutil.copy(ROOT / name, project / name)
+    git_env = {**project.env, "GIT_CONFIG_GLOBAL": os.devnull, "GIT_CONFIG_NOSYSTEM": "1",
+               "GIT_AUTHOR_NAME": "attnlab", "GIT_AUTHOR_EMAIL": "attnlab@localhost",
+               "GIT_COMMITTER_NAME": "attnlab", "GIT_COMMITTER_EMAIL": "attnlab@localhost"}
+    origin = base / "origin.git"  # kept outside the project: its DVC stays --no-scm
+    in_project = {**git_env, "GIT_DIR": str(origin), "GIT_WORK_TREE": str(project)}
+    for args in (["init", "-q"], ["add", "-A"], ["commit", "-q", "-m", "results"]):
+        subprocess.run(["git", *args], cwd=project, env=in_project, check=True,
+                       capture_output=True)
+    root = Project(base / "clone")
+    subprocess.run(["git", "clone", "-q", str(origin), str(root)], env=git_env, check=True,
+                   capture_output=True)
+    root.env = project.env
+    # The repository's own .dvc/config does not set no_scm: DVC sees git, as on a user's machine.
+    assert dvc(root, "config", "--unset", "core.no_scm").returncode == 0
+    pull = dvc(root, "pull")
+    assert pull.returncode == 0, pull.stdout[-3000:] + pull.stderr[-3000:]
+    return root
+
+
+def test_pull_on_a_fresh_clone_brings_every_output_byte_for_byte(project, clone):
+    outs = _lock_outs(project)
+    assert set(outs) == SHARED_OUTS
+    missing = sorted(path for path in outs if not (clone / path).exists())
+    assert not missing, (f"{missing} missing after `git clone` + `dvc pull`: an output with "
+                         "`cache: false` is not pushed, so git has to carry it (see .gitignore)")
+    for path in sorted(outs):
+        ours = _sha256s(project, path)
+        assert ours and _sha256s(clone, path) == ours, path
+    assert (clone / "dvc.lock").read_bytes() == (project / "dvc.lock").read_bytes()
+
+
+def test_fresh_clone_after_pull_has_nothing_to_reproduce(project, clone):
+    status = dvc(clone, "status")
+    assert status.stdout.strip() == "Data and pipelines are up to date.", status.stdout
+    repro = dvc(clone, "repro")
+    assert repro.returncode == 0, repro.stderr[-3000:]
+    assert "Running stage" not in repro.stdout, repro.stdout
+    stages = set(_lock_outs(project).values())  # every stage has outputs
+    assert repro.stdout.count("didn't change, skipping") == len(stages) == 11, repro.stdout
+    assert "Data and pipelines are up to date." in repro.stdout
+    assert (clone / "dvc.lock").read_bytes() == (project / "dvc.lock").read_bytes()

@@ -7,6 +7,7 @@ without importing Lightning, which keeps those stages quick to start.
 """
 from __future__ import annotations
 
+import pickle
 from pathlib import Path
 
 import torch
@@ -24,27 +25,56 @@ class CheckpointError(ValueError):
 def load_net(path: Path, expected_kind: str | None = None) -> nn.Module:
     """The checkpoint's model (``attnlab.models``) in eval mode on the CPU.
 
+    The file is read with ``torch.load(weights_only=True)``: tensors and plain
+    containers only, never arbitrary pickled objects.
+
     Args:
         path: the checkpoint train.py kept (``checkpoints/<model>/best.ckpt``, or
             ``last.ckpt`` with ``checkpoint.monitor=null``).
         expected_kind: ``nw``, ``bahdanau`` or ``transformer``; checked against the checkpoint.
     Raises:
-        CheckpointError: missing file, foreign checkpoint, or a model of another kind.
+        CheckpointError: missing file; a truncated or corrupt file, or one that is
+            no torch checkpoint; one holding objects ``weights_only=True`` refuses
+            (e.g. OmegaConf configs); a foreign checkpoint; a model of another
+            kind than ``expected_kind``; weights that do not fit the model.
+            Each names the file and the fix (retrain with ``src/train.py``).
     """
     path = Path(path)
     if not path.exists():
         raise CheckpointError(f"{path} not found; train first (`dvc repro` or `python src/train.py`)")
-    ckpt = torch.load(path, map_location="cpu", weights_only=True)
-    hp = ckpt.get("hyper_parameters", {})
+    try:
+        ckpt = torch.load(path, map_location="cpu", weights_only=True)
+    except pickle.UnpicklingError as e:
+        if "Weights only load failed" not in str(e):
+            raise CheckpointError(f"{path} is corrupt or not a torch checkpoint ({e}); "
+                                  "retrain with `python src/train.py` or copy the file again") from None
+        raise CheckpointError(
+            f"{path} holds Python objects that torch.load(weights_only=True) refuses (attnlab never "
+            "unpickles arbitrary objects), e.g. OmegaConf configs in its hyper_parameters; it was not "
+            "written by this version of src/train.py: retrain with `python src/train.py`") from None
+    except (RuntimeError, EOFError, KeyError, ValueError, OSError) as e:
+        raise CheckpointError(f"{path} is truncated or not a torch checkpoint "
+                              f"({type(e).__name__}: {str(e).splitlines()[0] if str(e) else 'empty'}); "
+                              "retrain with `python src/train.py` or copy the file again") from None
+    hp = ckpt.get("hyper_parameters", {}) if isinstance(ckpt, dict) else {}
     if "net" in hp:
         extra = {"src_vocab_size": hp["src_vocab_size"]} if hp.get("src_vocab_size") else {}
         net = instantiate(hp["net"], vocab_size=hp["vocab_size"], pad_id=PAD_ID, **extra)
     elif "init_w" in hp:
         net = NadarayaWatson(parametric=True, init_w=hp["init_w"])
     else:
-        raise CheckpointError(f"{path} was not written by attnlab's src/train.py")
+        raise CheckpointError(f"{path} was not written by attnlab's src/train.py (no model "
+                              "hyper_parameters); pass a checkpoints/<model>/ file or retrain with "
+                              "`python src/train.py`")
     if expected_kind is not None and net.kind != expected_kind:
-        raise CheckpointError(f"{path} holds a {net.kind} model, not {expected_kind}")
-    net.load_state_dict({k[len("net."):]: v for k, v in ckpt["state_dict"].items()
-                         if k.startswith("net.")})
+        raise CheckpointError(f"{path} holds a {net.kind} model, not {expected_kind}; pass "
+                              f"checkpoints/{expected_kind}/ (train it with `python src/train.py "
+                              f"model={expected_kind}`) or run with model={net.kind}")
+    try:
+        net.load_state_dict({k[len("net."):]: v for k, v in ckpt.get("state_dict", {}).items()
+                             if k.startswith("net.")})
+    except RuntimeError as e:
+        raise CheckpointError(f"{path}: its weights do not fit the {net.kind} model its "
+                              f"hyper_parameters describe ({str(e).splitlines()[0]}); "
+                              "retrain with `python src/train.py`") from None
     return net.eval()

@@ -3,9 +3,14 @@
 A translation export folder ``models/<model>/`` holds
 ``init_state.pt`` and ``step.pt`` (TorchScript traces of the model's decoding
 interface, see :mod:`attnlab.decoding`), ``spm.model`` and ``config.json``.
-:func:`load_translator` needs only torch and sentencepiece; the decoding loop
-is :func:`attnlab.decoding.greedy_decode`, the same one evaluation uses, so
-an export decodes exactly the tokens its checkpoint does.
+:func:`load_translator` needs only torch and sentencepiece; the decoding loops
+are :mod:`attnlab.decoding`'s, the same ones evaluation uses, so an export
+decodes exactly the tokens its checkpoint does. :class:`Translator` is the
+text-in, text-out front end (``src/translate.py`` and the MLflow model of
+:mod:`attnlab.serving` use it): the export's beam settings, its input limit
+(``config.json`` → ``serving``), and "" → "".
+:func:`log_served_model` logs an export folder as an MLflow pyfunc model and
+registers it (the export stage calls it for every translation model).
 NW exports ``model.pt`` mapping x (Q,) float32 → ŷ (Q,), with its training
 points baked in.
 """
@@ -17,13 +22,18 @@ import shutil
 import tempfile
 import warnings
 from pathlib import Path
+from typing import Sequence
 
 import torch
 from torch import nn
 
-from attnlab.decoding import encode_sources
+from attnlab.decoding import encode_sources, translate_text
 
 FORMAT_VERSION = 1
+# Longest source sentence a served/translated export accepts, in characters (Unicode code
+# points). Multi30k's longest English sentence has about 220 (test_2017_flickr); beam search
+# time grows with the length.
+DEFAULT_MAX_INPUT_CHARS = 500
 
 
 class _InitState(nn.Module):
@@ -82,16 +92,35 @@ def _publish(tmp: Path, out_dir: Path) -> None:
         os.replace(tmp, out_dir)
 
 
-def export_translation(net: nn.Module, tokenizer_path: Path, out_dir: Path, config: dict) -> Path:
+def _max_source_tokens(net: nn.Module) -> int | None:
+    """Most source tokens (without <eos>) the net can encode: its positional table − 1, or None."""
+    table = getattr(getattr(net, "pos_encoding", None), "P", None)
+    return None if table is None else int(table.shape[1]) - 1
+
+
+def export_translation(net: nn.Module, tokenizer_path: Path, out_dir: Path, config: dict,
+                       max_input_chars: int = DEFAULT_MAX_INPUT_CHARS) -> Path:
     """Trace ``net`` (a Transformer or Bahdanau in eval mode) and write the export folder.
+
+    ``config.json`` holds ``config`` plus ``format_version``, ``task`` and
+    ``serving = {max_input_chars, max_input_tokens}``: the longest source
+    :class:`Translator` accepts, in characters, and in sentencepiece tokens
+    (the Transformer's positional table − 1 for <eos>; null for the GRU, which has none).
 
     Args:
         net: model with ``init_state``/``step`` (see :mod:`attnlab.decoding`).
         tokenizer_path: its ``spm.model``.
         out_dir: target folder, replaced atomically.
-        config: JSON-serializable facts stored as ``config.json`` (model name, sizes).
+        config: JSON-serializable facts stored as ``config.json`` (model name, sizes,
+            optionally ``decoding = {beam_size, alpha}``, the settings :class:`Translator` uses).
+        max_input_chars: input limit in characters, ≥ 1.
+    Raises:
+        ValueError: if ``max_input_chars`` < 1.
     """
     import sentencepiece as spm
+
+    if max_input_chars < 1:
+        raise ValueError(f"max_input_chars must be ≥ 1, got {max_input_chars}")
 
     net = net.eval().cpu()
     sp = spm.SentencePieceProcessor(model_file=str(tokenizer_path))
@@ -104,8 +133,10 @@ def export_translation(net: nn.Module, tokenizer_path: Path, out_dir: Path, conf
         _trace(_InitState(net), (src, valid)).save(str(tmp / "init_state.pt"))
         _trace(_Step(net), (ys, *state)).save(str(tmp / "step.pt"))
     shutil.copy(tokenizer_path, tmp / "spm.model")
+    serving = {"max_input_chars": int(max_input_chars), "max_input_tokens": _max_source_tokens(net)}
     (tmp / "config.json").write_text(json.dumps(
-        {"format_version": FORMAT_VERSION, "task": "translation", **config}, indent=2))
+        {"format_version": FORMAT_VERSION, "task": "translation", **config, "serving": serving},
+        indent=2))
     _publish(tmp, out_dir)
     return out_dir
 
@@ -144,3 +175,176 @@ def load_translator(export_dir: Path):
     step = torch.jit.load(str(d / "step.pt"), map_location="cpu")
     tokenizer = spm.SentencePieceProcessor(model_file=str(d / "spm.model"))
     return init_state, step, tokenizer, config
+
+
+class InputTooLongError(ValueError):
+    """A sentence is longer than the export's input limit (``config.json`` → ``serving``)."""
+
+
+class Translator:
+    """An export folder as a text-in, text-out translator.
+
+    Decodes with the export's ``decoding`` settings (``config.json`` → ``decoding``,
+    else ``model_config.decoding``, else greedy) unless ``beam_size``/``alpha`` are
+    given, through :func:`attnlab.decoding.translate_text`, so it returns exactly
+    the strings that function returns for the non-empty sentences.
+    A sentence that is empty or only whitespace translates to "" without decoding.
+
+    Args:
+        export_dir: a folder written by :func:`export_translation`.
+        beam_size, alpha: override the export's decoding settings (beam_size 1 is greedy).
+        batch_size: sentences decoded together.
+    Attributes:
+        max_input_chars: longest accepted sentence in characters (Unicode code points).
+        max_input_tokens: longest accepted sentence in sentencepiece tokens, or None.
+        beam_size, alpha, config: the settings in use and the export's ``config.json``.
+    Raises:
+        FileNotFoundError, ValueError: as :func:`load_translator`.
+    """
+
+    def __init__(self, export_dir: Path, beam_size: int | None = None, alpha: float | None = None,
+                 batch_size: int = 128):
+        self.init_state, self.step, self.tokenizer, self.config = load_translator(export_dir)
+        dec = self.config.get("decoding") or self.config.get("model_config", {}).get("decoding") or {}
+        self.beam_size = int(beam_size if beam_size is not None else dec.get("beam_size", 1))
+        self.alpha = float(alpha if alpha is not None else dec.get("alpha", 0.0))
+        limits = self.config.get("serving") or {}  # exports older than the limit get the default
+        self.max_input_chars = int(limits.get("max_input_chars") or DEFAULT_MAX_INPUT_CHARS)
+        self.max_input_tokens = limits.get("max_input_tokens")
+        self.batch_size = batch_size
+
+    def check_lengths(self, sentences: Sequence[str]) -> None:
+        """Raise :class:`InputTooLongError` naming the first sentence over a limit (index from 0)."""
+        for i, text in enumerate(sentences):
+            if len(text) > self.max_input_chars:
+                raise InputTooLongError(
+                    f"input {i} has {len(text)} characters; this model translates at most "
+                    f"{self.max_input_chars} characters per sentence (max_input_chars). "
+                    "Split the text into sentences and send each as its own input.")
+        if self.max_input_tokens is None:
+            return
+        for i, ids in enumerate(self.tokenizer.encode(list(sentences))):
+            if len(ids) > self.max_input_tokens:
+                raise InputTooLongError(
+                    f"input {i} has {len(ids)} sentencepiece tokens; this model encodes at most "
+                    f"{self.max_input_tokens} tokens per sentence (max_input_tokens). "
+                    "Split the text into shorter sentences.")
+
+    def __call__(self, sentences: Sequence[str]) -> list[str]:
+        """Translate ``sentences`` (list of str) → one str per sentence, input order.
+
+        Raises:
+            InputTooLongError: a sentence exceeds ``max_input_chars`` or ``max_input_tokens``;
+                nothing is decoded then.
+        """
+        sentences = list(sentences)
+        self.check_lengths(sentences)
+        todo = [i for i, s in enumerate(sentences) if s.strip()]
+        out = [""] * len(sentences)
+        if todo:
+            done = translate_text(self.init_state, self.step, self.tokenizer,
+                                  [sentences[i] for i in todo], batch_size=self.batch_size,
+                                  beam_size=self.beam_size, alpha=self.alpha)
+            for i, text in zip(todo, done):
+                out[i] = text
+        return out
+
+
+# --- MLflow serving: the export folder as a registered pyfunc model -------------------------
+
+SERVING_CODE = Path(__file__).with_name("serving.py")  # the "models from code" file
+EXPORT_ARTIFACT = "export"  # key of the export folder in the pyfunc's context.artifacts
+SERVING_EXAMPLE = ["A man rides a bike."]
+
+
+class ServingExportError(RuntimeError):
+    """Logging or registering the served model in MLflow failed."""
+
+
+def registered_model_name(model: str) -> str:
+    """Name of the MLflow registered model of architecture ``model``: ``attnlab-<model>``."""
+    return f"attnlab-{model}"
+
+
+def serve_command(name: str, version: int | str, tracking_uri: str) -> str:
+    """The shell command that serves version ``version`` of registered model ``name``."""
+    return (f"MLFLOW_TRACKING_URI={tracking_uri} mlflow models serve "
+            f"-m models:/{name}/{version} --env-manager local")
+
+
+def _pip_requirements() -> list[str]:
+    from importlib.metadata import version
+
+    import mlflow
+
+    # Local version labels (torch's "+cpu") are not installable from PyPI.
+    return [f"mlflow=={mlflow.__version__}"] + [
+        f"{pkg}=={version(pkg).split('+')[0]}" for pkg in ("torch", "sentencepiece", "numpy")]
+
+
+def log_served_model(export_dir: Path, model: str, run_id: str, tracking_uri: str) -> tuple[str, int]:
+    """Log a translation export folder to MLflow run ``run_id`` as a pyfunc model and register it.
+
+    The pyfunc is a "model from code" (:mod:`attnlab.serving`, not a pickle) with
+    the export folder as its artifact and this package as its code path, so a
+    registered version keeps the decoding code it was logged with. Signature:
+    list of str → list of str (from the type hints). Its metadata and the
+    version's description state the input limit. The logged model is loaded
+    back and run on :data:`SERVING_EXAMPLE` before it is registered, so only a
+    model that translates gets a version. Every call adds a new version.
+    Sets this process's MLflow tracking URI to ``tracking_uri``.
+
+    Args:
+        export_dir: folder written by :func:`export_translation`.
+        model: architecture name (``transformer``, ``bahdanau``); the registered
+            model is :func:`registered_model_name` of it.
+        run_id: the training run to attach the model to (``runs/<model>.json``).
+        tracking_uri: the store holding that run; its registry gets the version.
+    Returns:
+        (registered model name, version number).
+    Raises:
+        FileNotFoundError, ValueError: ``export_dir`` is not a translation export.
+        ServingExportError: logging, loading back or registering failed (names run, store, fix).
+    """
+    import mlflow
+
+    export_dir = Path(export_dir).resolve()
+    translator = Translator(export_dir)
+    name = registered_model_name(model)
+    limits = {"max_input_chars": translator.max_input_chars,
+              "max_input_tokens": translator.max_input_tokens}
+    metadata = {"model": model, **limits, "beam_size": translator.beam_size,
+                "alpha": translator.alpha, "too_long_input": "HTTP 400 (INVALID_PARAMETER_VALUE)",
+                "empty_input": "translates to an empty string"}
+    step = "logging"
+    try:
+        mlflow.set_tracking_uri(tracking_uri)
+        status = mlflow.MlflowClient(tracking_uri).get_run(run_id).info.status
+        mlflow.start_run(run_id=run_id)
+        try:
+            info = mlflow.pyfunc.log_model(
+                name="translator", python_model=str(SERVING_CODE),
+                artifacts={EXPORT_ARTIFACT: str(export_dir)}, code_paths=[str(SERVING_CODE.parent)],
+                input_example=SERVING_EXAMPLE, pip_requirements=_pip_requirements(),
+                metadata=metadata, tags={"model": model})
+        finally:  # the training run keeps its status (a failed export is not a failed training)
+            mlflow.end_run(status if status in ("FINISHED", "FAILED", "KILLED") else "FINISHED")
+        step = "loading back"
+        answer = mlflow.pyfunc.load_model(info.model_uri).predict(SERVING_EXAMPLE)
+        if not (isinstance(answer, list) and len(answer) == 1 and isinstance(answer[0], str)):
+            raise ValueError(f"the logged model answered {answer!r} to {SERVING_EXAMPLE!r}, "
+                             "expected a list of one string")
+        step = "registering"
+        version = int(mlflow.register_model(info.model_uri, name).version)
+        mlflow.MlflowClient(tracking_uri).update_model_version(name, version, description=(
+            f"{model} translation model of run {run_id}. Input: a list of sentences, each at most "
+            f"{translator.max_input_chars} characters (longer: HTTP 400, INVALID_PARAMETER_VALUE); "
+            f"an empty sentence translates to \"\". Beam size {translator.beam_size}, "
+            f"alpha {translator.alpha}. Serve: {serve_command(name, version, tracking_uri)}"))
+    except Exception as e:  # noqa: BLE001 - any failure means "not served"; the cause is chained
+        raise ServingExportError(
+            f"{step} the served model {name} (export {export_dir}) in MLflow run {run_id} at "
+            f"{tracking_uri} failed: {type(e).__name__}: {e}. The export folder itself is written; "
+            "check that the store is reachable and holds the run (runs/<model>.json), then "
+            f"re-run `python src/export.py model={model}` (or `dvc repro export@{model}`)") from e
+    return name, version

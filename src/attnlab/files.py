@@ -52,3 +52,29 @@ def write_npz_atomic(path: Path, **arrays) -> Path:
     with _atomic_file(path, binary=True) as f:
         np.savez(f, **arrays)
     return path
+
+
+class OutputDirError(OSError):
+    """An output directory cannot be created or written (permissions, full disk, a file in the way)."""
+
+
+def ensure_writable(*dirs: Path) -> None:
+    """Create each directory if needed and prove it takes a file (written, flushed, removed).
+
+    Call before long work, so a run fails in its first second rather than after hours.
+
+    Raises:
+        OutputDirError: names the directory, the OS error and the fix; nothing is changed
+            in a directory that exists.
+    """
+    for d in map(Path, dirs):
+        try:
+            d.mkdir(parents=True, exist_ok=True)
+            with tempfile.TemporaryFile(dir=d) as f:
+                f.write(b"\0" * 4096)
+                f.flush()
+                os.fsync(f.fileno())
+        except OSError as e:
+            raise OutputDirError(
+                e.errno, f"cannot write to output directory {d} ({e.strerror or e}): free disk "
+                "space or fix its permissions, or choose another place with paths.root=<dir>") from None

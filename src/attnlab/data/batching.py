@@ -56,26 +56,63 @@ def collate(pairs) -> dict[str, torch.Tensor]:
     }
 
 
-class BucketBatchSampler(Sampler[list[int]]):
-    """Batches of similar-length pairs: shuffle, sort within pools of ``pool_batches``
-    batches, cut into batches of ``batch_size``, shuffle the batches. Reseeded
-    per epoch from ``seed`` + epoch, so runs are reproducible.
+class _EpochBatchSampler(Sampler[list[int]]):
+    """Base of the batch samplers below: a fixed batch list per (seed, epoch), sharded over
+    DDP ranks, resumable mid-epoch.
+
+    Subclasses implement :meth:`_epoch_batches` (all batches of one epoch, the same on
+    every rank). With ``num_replicas`` > 1 the list is padded by wrapping around to a
+    multiple of ``num_replicas`` (as ``DistributedSampler`` does) and rank r takes
+    batches r, r + num_replicas, …, so every rank runs the same number of steps.
+    ``skip`` batches of the next epoch are left out once (set by
+    :class:`attnlab.data.datamodule.ResumableDataLoader` when a run resumes mid-epoch).
     """
 
-    def __init__(self, lengths: list[int], batch_size: int, shuffle: bool = True,
-                 seed: int = 0, pool_batches: int = 50):
-        self.lengths = lengths
-        self.batch_size = batch_size
-        self.shuffle = shuffle
-        self.seed = seed
-        self.pool = batch_size * pool_batches
+    def __init__(self, shuffle: bool, seed: int, num_replicas: int = 1, rank: int = 0):
+        if not 0 <= rank < num_replicas:
+            raise ValueError(f"rank must be in [0, {num_replicas}), got {rank}")
+        self.shuffle, self.seed = shuffle, seed
+        self.num_replicas, self.rank = num_replicas, rank
         self.epoch = 0
+        self.skip = 0
 
     def set_epoch(self, epoch: int) -> None:
         self.epoch = epoch
 
+    def _epoch_batches(self, rng: random.Random) -> list[list[int]]:
+        raise NotImplementedError
+
+    def _num_epoch_batches(self) -> int:
+        raise NotImplementedError
+
     def __iter__(self):
-        rng = random.Random(self.seed + self.epoch)
+        batches = self._epoch_batches(random.Random(self.seed + self.epoch))
+        if self.num_replicas > 1 and batches:
+            total = -(-len(batches) // self.num_replicas) * self.num_replicas
+            batches = (batches * (total // len(batches) + 1))[:total][self.rank::self.num_replicas]
+        skip, self.skip = self.skip, 0
+        self.epoch += 1
+        return iter(batches[skip:])
+
+    def __len__(self):
+        return -(-self._num_epoch_batches() // self.num_replicas)
+
+
+class BucketBatchSampler(_EpochBatchSampler):
+    """Batches of similar-length pairs: shuffle, sort within pools of ``pool_batches``
+    batches, cut into batches of ``batch_size``, shuffle the batches. Reseeded
+    per epoch from ``seed`` + epoch, so runs are reproducible. ``num_replicas``,
+    ``rank``: DDP sharding (see :class:`_EpochBatchSampler`).
+    """
+
+    def __init__(self, lengths: list[int], batch_size: int, shuffle: bool = True,
+                 seed: int = 0, pool_batches: int = 50, num_replicas: int = 1, rank: int = 0):
+        super().__init__(shuffle, seed, num_replicas, rank)
+        self.lengths = lengths
+        self.batch_size = batch_size
+        self.pool = batch_size * pool_batches
+
+    def _epoch_batches(self, rng):
         order = list(range(len(self.lengths)))
         if self.shuffle:
             rng.shuffle(order)
@@ -87,10 +124,9 @@ class BucketBatchSampler(Sampler[list[int]]):
             batches += [pool[i : i + self.batch_size] for i in range(0, len(pool), self.batch_size)]
         if self.shuffle:
             rng.shuffle(batches)
-        self.epoch += 1
-        return iter(batches)
+        return batches
 
-    def __len__(self):
+    def _num_epoch_batches(self):
         return (len(self.lengths) + self.batch_size - 1) // self.batch_size
 
 
@@ -117,7 +153,7 @@ def token_budget_batches(lengths: list[int], max_tokens: int, order: list[int] |
     return batches
 
 
-class TokenBudgetBatchSampler(Sampler[list[int]]):
+class TokenBudgetBatchSampler(_EpochBatchSampler):
     """Token-budget batching (fairseq's ``max_tokens``; Ott et al. 2019).
 
     Every epoch: order the pairs by length (ties in a fresh random order), cut
@@ -130,23 +166,21 @@ class TokenBudgetBatchSampler(Sampler[list[int]]):
         lengths: per-pair length (:meth:`PairDataset.lengths`).
         max_tokens: padded-token budget per batch (≥ the longest pair is sensible).
         shuffle: shuffle ties and batch order (training); else one fixed order.
+        num_replicas, rank: DDP sharding (see :class:`_EpochBatchSampler`).
     Raises:
         ValueError: if ``max_tokens`` < 1.
     """
 
-    def __init__(self, lengths: list[int], max_tokens: int, shuffle: bool = True, seed: int = 0):
+    def __init__(self, lengths: list[int], max_tokens: int, shuffle: bool = True, seed: int = 0,
+                 num_replicas: int = 1, rank: int = 0):
         if max_tokens < 1:
             raise ValueError(f"max_tokens must be ≥ 1, got {max_tokens}")
-        self.lengths, self.max_tokens, self.shuffle, self.seed = lengths, max_tokens, shuffle, seed
-        self.epoch = 0
+        super().__init__(shuffle, seed, num_replicas, rank)
+        self.lengths, self.max_tokens = lengths, max_tokens
         # Ties do not change the sorted lengths, so every epoch has this many batches.
         self._num_batches = len(token_budget_batches(lengths, max_tokens))
 
-    def set_epoch(self, epoch: int) -> None:
-        self.epoch = epoch
-
-    def __iter__(self):
-        rng = random.Random(self.seed + self.epoch)
+    def _epoch_batches(self, rng):
         order = list(range(len(self.lengths)))
         if self.shuffle:
             rng.shuffle(order)
@@ -154,10 +188,9 @@ class TokenBudgetBatchSampler(Sampler[list[int]]):
         batches = token_budget_batches(self.lengths, self.max_tokens, order)
         if self.shuffle:
             rng.shuffle(batches)
-        self.epoch += 1
-        return iter(batches)
+        return batches
 
-    def __len__(self):
+    def _num_epoch_batches(self):
         return self._num_batches
 
 

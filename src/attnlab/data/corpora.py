@@ -4,6 +4,15 @@ Normalization (both corpora): U+202F (narrow no-break space) and U+00A0
 (no-break space) become a plain space, runs of whitespace collapse to one
 space, and each line is stripped. Tatoeba's ``fra.txt`` has them before French
 punctuation (see ``../shared/data/README.md``).
+
+Bad input is a :class:`CorpusError` that names the file and the fix: a missing
+file, a truncated or corrupt ``.gz``/``.zip`` (delete it and re-run the
+download stage), a non-UTF-8 byte (file and line), misaligned sides.
+
+The readers keep every line, empty ones too (only ``fra.txt``'s blank lines,
+which hold no pair, are skipped), so val/test stay aligned with their
+references; which training pairs the tokenize stage keeps is
+:func:`attnlab.data.tokenizer.filter_pairs`.
 """
 from __future__ import annotations
 
@@ -11,6 +20,7 @@ import gzip
 import random
 import re
 import zipfile
+import zlib
 from pathlib import Path
 
 _SPACES = re.compile(r"[\s\u202f\u00a0]+")
@@ -20,35 +30,81 @@ class CorpusError(ValueError):
     """A corpus file is missing, unreadable or misaligned."""
 
 
+_REDOWNLOAD = "delete it and re-run `dvc repro download` (or `python src/download.py`)"
+
+
 def normalize(line: str) -> str:
     """Map U+202F/U+00A0 to spaces, collapse whitespace runs, strip. str → str."""
     return _SPACES.sub(" ", line).strip()
+
+
+def _decode_utf8(raw: bytes, where: str) -> str:
+    """``raw`` decoded as UTF-8; a bad byte is a CorpusError naming ``where`` and the line."""
+    try:
+        return raw.decode("utf-8")
+    except UnicodeDecodeError as e:
+        line = raw.count(b"\n", 0, e.start) + 1
+        raise CorpusError(f"{where}: line {line} is not valid UTF-8 ({e.reason}); "
+                          "convert the file to UTF-8 or fix that line") from None
 
 
 def read_lines(path: Path) -> list[str]:
     """Normalized lines of a UTF-8 text file, gzip-compressed if it ends in ``.gz``.
 
     Raises:
-        CorpusError: missing file (run the download stage) or non-UTF-8 bytes
-            (names the file and line number).
+        CorpusError: missing file (run the download stage); a truncated or
+            corrupt ``.gz`` (names the file: delete it and re-download); or
+            non-UTF-8 bytes (names the file and line number).
     """
     path = Path(path)
     if not path.exists():
         raise CorpusError(f"{path} does not exist; run `dvc repro download` "
                           "(or `python src/download.py`) first")
-    opener = gzip.open if path.suffix == ".gz" else open
-    with opener(path, "rb") as f:
-        raw = f.read()
-    lines = raw.split(b"\n")
-    if lines and lines[-1] == b"":
-        lines.pop()
-    out = []
-    for i, b in enumerate(lines, 1):
+    if path.suffix == ".gz":
+        if path.stat().st_size == 0:  # gzip.open reads an empty file as empty text
+            raise CorpusError(f"{path} is empty (0 bytes), not a gzip file: it was cut short; "
+                              f"{_REDOWNLOAD}")
         try:
-            out.append(normalize(b.decode("utf-8")))
-        except UnicodeDecodeError as e:
-            raise CorpusError(f"{path}: line {i} is not valid UTF-8 ({e.reason})") from None
-    return out
+            with gzip.open(path, "rb") as f:
+                raw = f.read()
+        except (EOFError, gzip.BadGzipFile, zlib.error) as e:  # truncated, not gzip, bad CRC/deflate
+            raise CorpusError(f"{path} is truncated or corrupt ({type(e).__name__}: {e}); "
+                              f"{_REDOWNLOAD}") from None
+    else:
+        raw = path.read_bytes()
+    lines = _decode_utf8(raw, str(path)).split("\n")
+    if lines[-1] == "":
+        lines.pop()
+    return [normalize(line) for line in lines]
+
+
+def read_zip_text(zip_path: Path, member: str) -> str:
+    """The UTF-8 text of ``member`` inside the archive ``zip_path`` (not normalized).
+
+    Raises:
+        CorpusError: missing archive (run the download stage); a truncated or
+            corrupt archive, or a member that fails its CRC check (names the
+            file: delete it and re-download); a missing member; non-UTF-8
+            bytes (names the member and line).
+    """
+    zip_path = Path(zip_path)
+    if not zip_path.exists():
+        raise CorpusError(f"{zip_path} does not exist; run `dvc repro download` "
+                          "(or `python src/download.py`) first")
+    try:
+        with zipfile.ZipFile(zip_path) as zf:
+            raw = zf.read(member)
+    except KeyError:
+        raise CorpusError(f"{zip_path} has no {member}; it is not the expected archive: "
+                          f"{_REDOWNLOAD}") from None
+    except PermissionError:
+        raise
+    except (zipfile.BadZipFile, EOFError, zlib.error, NotImplementedError, OSError) as e:
+        # OSError: a corrupt offset makes zipfile seek before the start of the file;
+        # NotImplementedError: corrupt flags read as encryption or an unknown compression.
+        raise CorpusError(f"{zip_path} is truncated or corrupt ({type(e).__name__}: {e}); "
+                          f"{_REDOWNLOAD}") from None
+    return _decode_utf8(raw, f"{zip_path}:{member}")
 
 
 def read_parallel(src_path: Path, tgt_path: Path) -> list[tuple[str, str]]:
@@ -75,22 +131,21 @@ def read_fra_eng(zip_path: Path, src_lang: str = "en", tgt_lang: str = "fr") -> 
     """All pairs of D2L's ``fra-eng/fra.txt`` (``English<TAB>French`` per line), normalized.
 
     Raises:
-        CorpusError: if the archive lacks ``fra-eng/fra.txt`` or a line has no tab.
+        CorpusError: other languages than en/fr; any error of :func:`read_zip_text`
+            (missing, truncated or corrupt archive, no ``fra-eng/fra.txt``,
+            non-UTF-8 bytes); a line without a tab.
     """
     if {src_lang, tgt_lang} != {"en", "fr"}:
         raise CorpusError(f"fra_eng has only en and fr; got src_lang={src_lang}, tgt_lang={tgt_lang}")
-    with zipfile.ZipFile(zip_path) as zf:
-        try:
-            raw = zf.read("fra-eng/fra.txt")
-        except KeyError:
-            raise CorpusError(f"{zip_path} has no fra-eng/fra.txt") from None
+    text = read_zip_text(zip_path, "fra-eng/fra.txt")
     pairs = []
-    for i, line in enumerate(raw.decode("utf-8").split("\n"), 1):
+    for i, line in enumerate(text.split("\n"), 1):
         if not line.strip():
             continue
         cols = line.split("\t")
         if len(cols) < 2:
-            raise CorpusError(f"{zip_path}:fra-eng/fra.txt line {i} has no tab separator")
+            raise CorpusError(f"{zip_path}:fra-eng/fra.txt line {i} has no tab separator; it is not "
+                              f"D2L's English<TAB>French file: {_REDOWNLOAD}")
         en, fr = normalize(cols[0]), normalize(cols[1])
         pairs.append((en, fr) if src_lang == "en" else (fr, en))
     return pairs

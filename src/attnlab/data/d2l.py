@@ -26,13 +26,13 @@ from __future__ import annotations
 
 import collections
 import json
-import zipfile
 from pathlib import Path
 from typing import Sequence
 
 import numpy as np
 import torch
 
+from attnlab.data.corpora import read_zip_text
 from attnlab.data.tokenizer import BOS_ID, EOS_ID, PAD_ID, UNK_ID
 from attnlab.files import write_json_atomic, write_npz_atomic
 
@@ -137,9 +137,14 @@ def build_vocabs(src: list[list[str]], tgt: list[list[str]], num_steps: int,
 
 
 def read_fra_txt(zip_path: Path) -> str:
-    """The raw text of ``fra-eng/fra.txt`` inside D2L's ``fra-eng.zip`` (UTF-8)."""
-    with zipfile.ZipFile(zip_path) as zf:
-        return zf.read("fra-eng/fra.txt").decode("utf-8")
+    """The raw text of ``fra-eng/fra.txt`` inside D2L's ``fra-eng.zip`` (UTF-8, not normalized).
+
+    Raises:
+        CorpusError: missing, truncated or corrupt archive (names it: delete it
+            and re-run `dvc repro download`), no ``fra-eng/fra.txt`` in it, or
+            non-UTF-8 bytes (names the line); see :func:`attnlab.data.corpora.read_zip_text`.
+    """
+    return read_zip_text(zip_path, "fra-eng/fra.txt")
 
 
 def mt_fra_eng(raw_text: str, num_steps: int = 9, num_train: int = 512, num_val: int = 128,
@@ -156,7 +161,8 @@ def mt_fra_eng(raw_text: str, num_steps: int = 9, num_train: int = 512, num_val:
     """
     src, tgt = tokenize(preprocess(raw_text), num_train + num_val)
     if len(src) <= num_train:
-        raise ValueError(f"fra.txt gave {len(src)} examples, need more than num_train={num_train}")
+        raise ValueError(f"fra.txt gave {len(src)} examples, need more than num_train={num_train}: "
+                         "lower data.num_train, or use D2L's full fra-eng.zip")
     src_vocab, tgt_vocab = build_vocabs(src, tgt, num_steps, min_freq)
     arrays = build_arrays(src, tgt, num_steps, src_vocab, tgt_vocab)
     train = {k: v[:num_train] for k, v in arrays.items()}

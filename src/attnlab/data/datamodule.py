@@ -5,7 +5,7 @@ from pathlib import Path
 
 import lightning.pytorch as pl
 import torch
-from torch.utils.data import DataLoader, Dataset
+from torch.utils.data import DataLoader, Dataset, DistributedSampler
 
 from attnlab.data.batching import BucketBatchSampler, PairDataset, TokenBudgetBatchSampler, collate
 from attnlab.data.tokenizer import load_split, load_tokenizer
@@ -29,6 +29,37 @@ class ArrayDataset(Dataset):
         return {k: v[i] for k, v in self.arrays.items()}
 
 
+class ResumableDataLoader(DataLoader):
+    """A ``DataLoader`` over a batch sampler of :mod:`attnlab.data.batching` whose place in
+    the epoch is saved in Lightning checkpoints, so a run killed mid-epoch resumes at the
+    next batch, not at the start of the epoch.
+
+    Lightning saves :meth:`state_dict` (``epoch``: the sampler epoch of the current
+    iterator; ``batches_done``: batches it yielded) in every checkpoint and calls
+    :meth:`load_state_dict` before it iterates on resume (``_Stateful`` loaders,
+    ``lightning.pytorch.loops.fit_loop``). Works with ``num_workers=0``, where the
+    sampler is not read ahead.
+    """
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self._epoch, self._batches_done = 0, 0
+
+    def __iter__(self):
+        sampler = self.batch_sampler
+        self._epoch, self._batches_done = sampler.epoch, sampler.skip
+        for batch in super().__iter__():
+            self._batches_done += 1
+            yield batch
+
+    def state_dict(self) -> dict:
+        return {"epoch": self._epoch, "batches_done": self._batches_done}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.batch_sampler.set_epoch(state["epoch"])
+        self.batch_sampler.skip = state["batches_done"]
+
+
 class TranslationDataModule(pl.LightningDataModule):
     """Train/val/test loaders of the tokenized corpus.
 
@@ -44,6 +75,10 @@ class TranslationDataModule(pl.LightningDataModule):
         seed: shuffling seed.
         max_tokens: padded-token budget of a training batch
             (:class:`attnlab.data.batching.TokenBudgetBatchSampler`); ``None`` for ``batch_size``.
+    Under DDP (a Trainer with world size > 1 attached) each rank gets its shard of the
+    batches; the Trainer must run with ``use_distributed_sampler=False``
+    (``conf/device/ddp.yaml``). The training loader of a sentencepiece corpus resumes
+    mid-epoch (:class:`ResumableDataLoader`); D2L's fixed-length one restarts its epoch.
     Attributes: ``tokenizer``; ``vocab_size`` (joint or target vocabulary);
     ``src_vocab_size`` (separate source vocabulary, else ``None``).
     """
@@ -74,17 +109,34 @@ class TranslationDataModule(pl.LightningDataModule):
                 self.splits[split] = PairDataset(src, tgt, self.max_len if split == "train" else None)
         return self.splits[split]
 
+    def _replicas(self) -> tuple[int, int]:
+        """(world size, global rank) of the attached Trainer; (1, 0) without one."""
+        trainer = getattr(self, "trainer", None)
+        return (trainer.world_size, trainer.global_rank) if trainer is not None else (1, 0)
+
     def _loader(self, split: str, shuffle: bool) -> DataLoader:
         ds = self.dataset(split)
+        world, rank = self._replicas()
         if self.fixed_length:
+            if world > 1:
+                sampler = DistributedSampler(ds, world, rank, shuffle=shuffle, seed=self.seed)
+                return DataLoader(ds, batch_size=self.batch_size, sampler=sampler,
+                                  num_workers=self.num_workers)
             gen = torch.Generator().manual_seed(self.seed)
             return DataLoader(ds, batch_size=self.batch_size, shuffle=shuffle, generator=gen,
                               num_workers=self.num_workers)
+        shard = {"num_replicas": world, "rank": rank}
         if split == "train" and self.max_tokens:
-            sampler = TokenBudgetBatchSampler(ds.lengths(), self.max_tokens, shuffle=shuffle, seed=self.seed)
+            sampler = TokenBudgetBatchSampler(ds.lengths(), self.max_tokens, shuffle=shuffle,
+                                              seed=self.seed, **shard)
         else:
-            sampler = BucketBatchSampler(ds.lengths(), self.batch_size, shuffle=shuffle, seed=self.seed)
-        return DataLoader(ds, batch_sampler=sampler, collate_fn=collate, num_workers=self.num_workers)
+            sampler = BucketBatchSampler(ds.lengths(), self.batch_size, shuffle=shuffle,
+                                         seed=self.seed, **shard)
+        loader = ResumableDataLoader if split == "train" else DataLoader
+        # Its own generator: a DataLoader without one draws its base seed from torch's global
+        # RNG each time it is iterated, which would shift the dropout masks of a resumed run.
+        return loader(ds, batch_sampler=sampler, collate_fn=collate, num_workers=self.num_workers,
+                      generator=torch.Generator().manual_seed(self.seed))
 
     def train_dataloader(self):
         return self._loader("train", shuffle=True)

@@ -5,13 +5,15 @@ variable is set (a folder laid out like ``../shared/data``), else from its
 canonical URL. A file is accepted only if its SHA-256 (or SHA-1) is one of the
 known digests for it; it is written to a temporary file beside the target and
 renamed, so a failed or corrupt download leaves nothing behind. A target that
-already exists with a known digest is not fetched again.
+already exists with a known digest is not fetched again; one that does not
+match (e.g. a truncated archive from an interrupted copy) is fetched again and
+replaced only once the new copy verifies.
 """
 from __future__ import annotations
 
 import hashlib
+import http.client
 import os
-import shutil
 import tempfile
 import urllib.error
 import urllib.request
@@ -59,6 +61,19 @@ def _open_source(relpath: str, url: str, mirror: str | None):
             f"{relpath} (e.g. {MIRROR_ENV}=../shared/data)") from None
 
 
+def _copy(stream, out, what: str) -> None:
+    """Copy ``stream`` to ``out`` in 1 MiB chunks; a failed *read* is a DownloadError."""
+    while True:
+        try:
+            chunk = stream.read(1 << 20)
+        except (OSError, http.client.HTTPException) as e:  # connection reset, IncompleteRead, …
+            raise DownloadError(f"{what} was cut short ({type(e).__name__}: {e}); nothing was "
+                                "written: re-run `dvc repro download`") from None
+        if not chunk:
+            return
+        out.write(chunk)
+
+
 def fetch(relpath: str, url: str, digests: dict[str, list[str]], dest_root: Path,
           mirror: str | None = None) -> Path:
     """Make ``dest_root/relpath`` a verified copy of the source; return its path.
@@ -71,8 +86,10 @@ def fetch(relpath: str, url: str, digests: dict[str, list[str]], dest_root: Path
         dest_root: raw-data root, e.g. ``data/raw``.
         mirror: mirror folder; defaults to ``$ATTNLAB_DATA_MIRROR``.
     Raises:
-        DownloadError: unreachable source (names the URL and the variable) or a
-            digest not in ``digests`` (names the file); no file is left behind.
+        DownloadError: unreachable source (names the URL and the variable); a
+            transfer cut short; or a digest not in ``digests``, e.g. a truncated
+            or corrupt archive (names the file and source). In every case no
+            file is left behind and an existing target is not touched.
     """
     mirror = os.environ.get(MIRROR_ENV) if mirror is None else mirror
     dest = Path(dest_root) / relpath
@@ -83,12 +100,16 @@ def fetch(relpath: str, url: str, digests: dict[str, list[str]], dest_root: Path
     fd, tmp = tempfile.mkstemp(prefix=f".{dest.name}.", suffix=".part", dir=dest.parent)
     try:
         with stream, os.fdopen(fd, "wb") as out:
-            shutil.copyfileobj(stream, out)
+            _copy(stream, out, f"the transfer of {relpath} from {origin}")
         ok, digest = verified(Path(tmp), digests)
         if not ok:
+            size = Path(tmp).stat().st_size
+            persists = (f"replace the mirror's copy {origin} with a fresh one from {url}" if mirror
+                        else f"{url} may now serve another version: check it")
             raise DownloadError(
-                f"checksum mismatch for {relpath} from {origin}: got sha256 {digest}, "
-                f"expected one of {dict(digests)}; the file was discarded")
+                f"checksum mismatch for {relpath} from {origin}: got sha256 {digest} ({size} bytes), "
+                f"expected one of {dict(digests)}; the file was discarded. A truncated or corrupt "
+                f"copy gives this: re-run `dvc repro download`; if it persists, {persists}")
         os.replace(tmp, dest)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)

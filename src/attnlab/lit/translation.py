@@ -6,12 +6,17 @@ import time
 
 import lightning.pytorch as pl
 import torch
+import torch.distributed as dist
 from hydra.utils import instantiate
 from torch.nn import functional as F
 
 from attnlab.data.tokenizer import PAD_ID
 from attnlab.decoding import translate_text
 from attnlab.metrics import corpus_scores
+
+
+class NonFiniteLossError(FloatingPointError):
+    """The training loss became NaN or ±inf; raised before the bad step updates any weight."""
 
 
 def inverse_sqrt_warmup(warmup_steps: int):
@@ -37,7 +42,10 @@ class TranslationModule(pl.LightningModule):
         label_smoothing: ε of the training loss (val loss is plain cross-entropy).
         warmup_steps: see :func:`inverse_sqrt_warmup`.
     Logged metrics: ``train_loss``, ``val_loss``, ``val_bleu`` (per epoch), ``tokens_per_sec``.
-    ``val_texts`` (sources, references) set by the caller enables ``val_bleu``.
+    ``val_texts`` (sources, references) set by the caller enables ``val_bleu``; under DDP
+    each rank translates its share of them and the corpus BLEU is computed once over all.
+    Raises:
+        NonFiniteLossError: from ``training_step`` when the loss is NaN or ±inf (names the step).
     """
 
     def __init__(self, net: dict, optimizer: dict, vocab_size: int,
@@ -62,10 +70,15 @@ class TranslationModule(pl.LightningModule):
 
     def training_step(self, batch, batch_idx):
         loss = self._loss(batch, self.hparams.label_smoothing)
+        if not torch.isfinite(loss):
+            raise NonFiniteLossError(
+                f"training loss is {loss.item()} at step {self.global_step} (epoch "
+                f"{self.current_epoch}, batch {batch_idx}); no weight was updated with it. "
+                "Lower optimizer.lr or raise model.warmup_steps (a changed config trains afresh)")
         ntok = int((batch["tgt_out"] != PAD_ID).sum())
         self._epoch_tokens += ntok
         self.log("train_loss", loss, on_step=False, on_epoch=True, prog_bar=True,
-                 batch_size=ntok)
+                 batch_size=ntok, sync_dist=True)
         return loss
 
     def on_train_epoch_start(self):
@@ -76,7 +89,9 @@ class TranslationModule(pl.LightningModule):
 
     def on_train_epoch_end(self):
         # Lightning runs validation before this hook; the time is taken at the last training step.
-        self.log("tokens_per_sec", self._epoch_tokens / max(self._epoch_train_time, 1e-9))
+        # Summed over DDP ranks: the throughput of the whole job.
+        self.log("tokens_per_sec", self._epoch_tokens / max(self._epoch_train_time, 1e-9),
+                 sync_dist=True, reduce_fx="sum")
 
     def validation_step(self, batch, batch_idx):
         loss = self._loss(batch, 0.0)
@@ -87,8 +102,14 @@ class TranslationModule(pl.LightningModule):
         if self.val_texts is None or self.tokenizer is None or self.trainer.sanity_checking:
             return
         sources, references = self.val_texts
-        hyps = self.translate(sources)
-        self.log("val_bleu", corpus_scores(hyps, references)["bleu"], prog_bar=True)
+        world, rank = self.trainer.world_size, self.trainer.global_rank
+        hyps = self.translate(sources[rank::world])
+        if world > 1 and dist.is_available() and dist.is_initialized():
+            shards: list = [None] * world
+            dist.all_gather_object(shards, hyps)
+            hyps = [shards[i % world][i // world] for i in range(len(sources))]
+        # Every rank now holds all hypotheses and logs the same value.
+        self.log("val_bleu", corpus_scores(hyps, references)["bleu"], prog_bar=True, sync_dist=True)
 
     def translate(self, sentences: list[str]) -> list[str]:
         """Greedy translations (detokenized text) of ``sentences``, in order."""

@@ -1,0 +1,162 @@
+"""How `src/train.py` fails: a non-finite loss, and output directories it cannot write.
+
+Each failure must stop the run with its own error class and a message that names
+what went wrong and where (the step, the directory), and must leave the files of
+earlier runs as they were.
+"""
+import errno
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from attnlab.files import OutputDirError, ensure_writable
+from tiny_train import ROOT, STEPS_PER_EPOCH, copy_project, make_project, mlflow_client, runs, train
+
+FIX = "free disk space or fix its permissions, or choose another place with paths.root=<dir>"
+
+
+def cannot_write(d: Path, code: int) -> str:
+    """The exact OutputDirError text of attnlab.files.ensure_writable for directory ``d``."""
+    return f"[Errno {code}] cannot write to output directory {d} ({os.strerror(code)}): {FIX}"
+
+
+@pytest.fixture(scope="module")
+def project(tmp_path_factory):
+    return make_project(tmp_path_factory.mktemp("project"))
+
+
+def test_non_finite_loss_stops_with_the_step_and_keeps_the_last_checkpoint(project, tmp_path):
+    """SGD at lr 1e8 (gradients clipped to norm 1, so each step moves the weights by up to
+    ~1e8 × warmup factor) blows the logits up within a few steps: the loss is NaN at step 3
+    with seed 0. With a resume checkpoint after every step, last.ckpt holds global_step N:
+    the error's "step N" is the number of optimizer steps done when the bad loss was
+    computed, last.ckpt was written right after the N-th update, and the failing batch
+    raised before its own update. So last.ckpt holds exactly the (finite) weights the
+    non-finite loss was computed from, and nothing after them."""
+    root = copy_project(project, tmp_path / "project")
+    result = train(root, "optimizer=sgd", "optimizer.lr=1e8", "checkpoint.every_n_train_steps=1",
+                   "trainer.max_epochs=2")
+    assert result.returncode == 1, result.stdout[-2000:] + result.stderr[-2000:]
+    last = root / "checkpoints/transformer/last.ckpt"
+    m = re.search(r"^attnlab\.lit\.translation\.NonFiniteLossError: training loss is (nan|inf|-inf) "
+                  r"at step (\d+) \(epoch (\d+), batch (\d+)\); no weight was updated with it\. "
+                  r".*; training stopped, the last good checkpoint is (\S+) \(the weights of the step before", result.stderr, re.M)
+    assert m, result.stderr[-3000:]
+    step, epoch, batch = int(m[2]), int(m[3]), int(m[4])
+    assert step == epoch * STEPS_PER_EPOCH + batch  # one optimizer step per batch
+    assert 1 <= step < 2 * STEPS_PER_EPOCH  # failed during training, after at least one update
+    assert m[5] == str(last)
+
+    ckpt = torch.load(last, map_location="cpu", weights_only=True)
+    assert ckpt["global_step"] == step
+    assert ckpt["state_dict"]
+    for name, w in ckpt["state_dict"].items():
+        assert torch.isfinite(w).all(), name
+    assert not (root / "checkpoints/transformer/best.ckpt").exists()  # no validation was reached
+    assert not (root / "runs/transformer.json").exists()  # nothing claims the model is trained
+    (run,) = runs(mlflow_client(root))  # Lightning finalizes the logger as failed
+    assert run.info.status == "FAILED"
+    assert run.info.run_id == ckpt["callbacks"]["ResumeState"]["run_id"]
+
+
+@pytest.mark.parametrize("blocked", ["checkpoints", "runs"])
+def test_unwritable_output_dir_fails_before_touching_anything(project, tmp_path, blocked):
+    """A regular file where an output directory should be (what root sees of a full or
+    read-only disk: chmod does not stop root) stops the run at its first line, before the
+    checkpoint or the run record of an earlier run is overwritten."""
+    root = copy_project(project, tmp_path / "project")
+    old_record = root / "runs/transformer.json"
+    old_ckpt = root / "checkpoints/transformer/best.ckpt"
+    old_record.parent.mkdir(parents=True)
+    old_record.write_text('{"run_id": "earlier"}\n')
+    old_ckpt.parent.mkdir(parents=True)
+    old_ckpt.write_bytes(b"an earlier checkpoint")
+    blocker = root / "blocker"
+    blocker.write_text("a file, not a directory")
+    target = blocker / blocked
+    path_key = {"checkpoints": "paths.checkpoints", "runs": "paths.runs"}[blocked]
+
+    result = train(root, f"{path_key}={target}", "trainer.max_epochs=1", timeout=120)
+    assert result.returncode == 1
+    assert f"attnlab.files.OutputDirError: {cannot_write(target, errno.ENOTDIR)}\n" in result.stderr, \
+        result.stderr[-3000:]
+    assert old_record.read_text() == '{"run_id": "earlier"}\n'
+    assert old_ckpt.read_bytes() == b"an earlier checkpoint"
+    assert blocker.read_text() == "a file, not a directory"
+    assert sorted(p.name for p in (root / "checkpoints/transformer").iterdir()) == ["best.ckpt"]
+    assert not (root / "mlflow.db").exists()  # stopped before the MLflow run was created
+
+
+_CHILD = """
+import json, resource, sys
+from attnlab.files import OutputDirError, ensure_writable
+if sys.argv[2] != "none":
+    limit = int(sys.argv[2])
+    resource.setrlimit(resource.RLIMIT_FSIZE, (limit, limit))
+try:
+    ensure_writable(sys.argv[1])
+except OutputDirError as e:
+    print(json.dumps({"errno": e.errno, "message": str(e)}))
+else:
+    print(json.dumps(None))
+"""
+
+
+def ensure_writable_in_child(d: Path, fsize_limit: int | None = None, prefix: tuple[str, ...] = ()) -> dict | None:
+    """``ensure_writable(d)`` in a fresh Python (started through ``prefix``, if any), optionally
+    with files capped at ``fsize_limit`` bytes; its OutputDirError as ``{"errno", "message"}``,
+    or None when it passed."""
+    out = subprocess.run([*prefix, sys.executable, "-c", _CHILD, str(d), str(fsize_limit or "none")],
+                         cwd=ROOT, capture_output=True, text=True, timeout=60, check=True)
+    return json.loads(out.stdout)
+
+
+def test_full_disk_is_an_output_dir_error(tmp_path):
+    """A real "no space" from the kernel: with RLIMIT_FSIZE at 1 KiB, ensure_writable's 4 KiB
+    probe write fails with EFBIG (Python ignores SIGXFSZ, so the write returns the error)."""
+    d = tmp_path / "checkpoints"
+    assert ensure_writable_in_child(d, fsize_limit=1 << 20) is None  # 1 MiB: the probe fits
+    assert ensure_writable_in_child(d, fsize_limit=1024) == {
+        "errno": errno.EFBIG, "message": cannot_write(d, errno.EFBIG)}
+    assert list(d.iterdir()) == []  # the probe file is gone
+
+
+@pytest.mark.skipif(os.geteuid() == 0, reason="root writes into a chmod 0o555 directory anyway")
+def test_read_only_directory(tmp_path):
+    d = tmp_path / "read_only"
+    d.mkdir()
+    d.chmod(0o555)
+    try:
+        for target in (d, d / "checkpoints"):  # the directory itself, and one to create in it
+            with pytest.raises(OutputDirError) as e:
+                ensure_writable(target)
+            assert (e.value.errno, str(e.value)) == (errno.EACCES, cannot_write(target, errno.EACCES))
+    finally:
+        d.chmod(0o755)
+
+
+@pytest.mark.skipif(os.geteuid() != 0 or not shutil.which("setpriv"),
+                    reason="needs root and util-linux setpriv")
+def test_read_only_directory_as_root_without_dac_override(tmp_path):
+    """The chmod case where the tests run as root: the check runs as root without the
+    capabilities that let root ignore permission bits (CAP_DAC_OVERRIDE, CAP_DAC_READ_SEARCH),
+    so a root-owned 0o555 directory refuses it as it refuses any user."""
+    d = tmp_path / "read_only"
+    d.mkdir()
+    d.chmod(0o555)
+    no_override = ("setpriv", "--bounding-set=-dac_override,-dac_read_search", "--inh-caps=-all")
+    try:
+        assert ensure_writable_in_child(tmp_path, prefix=no_override) is None  # its own dir: still fine
+        for target in (d, d / "checkpoints"):  # the directory itself, and one to create in it
+            got = ensure_writable_in_child(target, prefix=no_override)
+            assert got == {"errno": errno.EACCES, "message": cannot_write(target, errno.EACCES)}
+        assert list(d.iterdir()) == []
+    finally:
+        d.chmod(0o755)
