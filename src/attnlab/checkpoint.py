@@ -30,7 +30,7 @@ def load_net(path: Path, expected_kind: str | None = None) -> nn.Module:
 
     Args:
         path: the checkpoint train.py kept (``checkpoints/<model>/best.ckpt``, or
-            ``last.ckpt`` with ``checkpoint.monitor=null``).
+            ``final.ckpt`` with ``checkpoint.monitor=null checkpoint.filename=final``).
         expected_kind: ``nw``, ``bahdanau`` or ``transformer``; checked against the checkpoint.
     Raises:
         CheckpointError: missing file; a truncated or corrupt file, or one that is
