@@ -55,6 +55,15 @@ def checkpoint_callbacks(cfg: DictConfig) -> tuple[ModelCheckpoint | None, list[
     return kept, resume
 
 
+def run_name(cfg: DictConfig) -> str:
+    """The MLflow run name, e.g. ``transformer-multi30k-en-fr-seed0`` (``nw-synthetic-seed0``).
+
+    MLflow's generated names would repeat from run to run: ``seed`` fixes Python's RNG first.
+    """
+    pair = f"-{cfg.data.src_lang}-{cfg.data.tgt_lang}" if cfg.model.task == "translation" else ""
+    return f"{cfg.model.name}-{cfg.data.name}{pair}-seed{cfg.seed}"
+
+
 @hydra.main(version_base="1.3", config_path="../conf", config_name="config")
 def main(cfg: DictConfig) -> None:
     ensure_writable(cfg.paths.checkpoints, cfg.paths.runs)
@@ -69,6 +78,7 @@ def main(cfg: DictConfig) -> None:
     logger = ResilientMLFlowLogger(
         experiment_name=cfg.mlflow.experiment, tracking_uri=cfg.mlflow.tracking_uri,
         tags={"model": cfg.model.name, "data": cfg.data.name}, run_id=resume.run_id if resume else None,
+        run_name=run_name(cfg),
         artifact_location=cfg.mlflow.artifact_location if local_store else None)
     kept, resume_checkpoints = checkpoint_callbacks(cfg)
     callbacks = [*([kept] if kept else []), *resume_checkpoints, ResumeState(fingerprint, logger)]
