@@ -5,15 +5,21 @@ folder, shrunk (tiny models, few epochs), pointed at a mirror folder holding the
 tiny corpus, and run end to end with DVC; then the outputs, the MLflow store,
 DVC's change tracking and the exported models are checked. The finished project
 then plays two more parts: a workspace where two `dvc repro` run at once, and the
-machine that `dvc push`es its results for a fresh `git clone` + `dvc pull`.
+machine that `dvc push`es its results for a fresh `git clone` + `dvc pull`. Last,
+`mlflow ui` serves its MLflow store to the UI's own REST endpoints and to headless Chromium.
 """
+import contextlib
 import hashlib
 import json
 import os
 import shutil
+import signal
+import socket
 import subprocess
 import sys
 import time
+import urllib.parse
+import urllib.request
 from pathlib import Path
 
 import pytest
@@ -333,3 +339,155 @@ def test_fresh_clone_after_pull_has_nothing_to_reproduce(project, clone):
     assert repro.stdout.count("didn't change, skipping") == len(stages) == 11, repro.stdout
     assert "Data and pipelines are up to date." in repro.stdout
     assert (clone / "dvc.lock").read_bytes() == (project / "dvc.lock").read_bytes()
+
+
+# --- the MLflow UI, through its REST API and in a real browser ------------------------------
+# `mlflow ui` serves MLflow's single-page web app and, under /ajax-api/2.0/mlflow/, the REST
+# endpoints that app calls. A run whose artifact location is a local folder (here
+# <project>/mlruns/…) has its files listed by /ajax-api/…/artifacts/list and sent by
+# /get-artifact, both read from that folder. Headless Chromium then loads the app itself.
+BROWSERS = ("chromium", "chromium-browser", "google-chrome")
+PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
+WINDOW = (1400, 900)  # width, height of the screenshot, in CSS pixels (device scale 1)
+HEATMAP = "attention/sent0_encoder_decoder_layer2.png"  # validation sentence 0, last layer
+
+
+def _browser() -> str:
+    """The first Chromium-family binary on PATH; skip the test when there is none."""
+    for name in BROWSERS:
+        if path := shutil.which(name):
+            return path
+    pytest.skip(f"no Chromium on PATH (looked for {', '.join(BROWSERS)}); "
+                "install one (Debian: `apt-get install chromium`) to run the browser check")
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@contextlib.contextmanager
+def _mlflow_ui(store: Path, folder: Path, env: dict):
+    """`mlflow ui` over the SQLite `store` on a free loopback port; yields its base URL.
+
+    It runs in `folder`, in its own process group (the CLI starts a uvicorn worker), and the
+    whole group is ended on exit. MLflow's job runner (task-queue workers for its GenAI
+    jobs) is switched off: nothing here uses it.
+    """
+    port = _free_port()
+    url, log = f"http://127.0.0.1:{port}", folder / "mlflow-ui.log"
+    cmd = [sys.executable, "-m", "mlflow", "ui", "--backend-store-uri", f"sqlite:///{store}",
+           "--host", "127.0.0.1", "--port", str(port), "--workers", "1"]
+    with open(log, "wb") as out:
+        proc = subprocess.Popen(cmd, cwd=folder, stdout=out, stderr=subprocess.STDOUT,
+                                env={**env, "MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false"},
+                                start_new_session=True)
+    try:
+        deadline = time.monotonic() + 120
+        while True:
+            assert proc.poll() is None, f"mlflow ui exited:\n{log.read_text()[-3000:]}"
+            try:
+                with urllib.request.urlopen(f"{url}/health", timeout=2) as r:
+                    if r.status == 200:
+                        break
+            except OSError:
+                assert time.monotonic() < deadline, (
+                    f"mlflow ui not healthy after 120 s:\n{log.read_text()[-3000:]}")
+                time.sleep(0.3)
+        yield url
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGTERM)
+        try:
+            proc.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+
+
+def _http(url: str, body: dict | None = None, **query) -> bytes:
+    """GET `url` with `query` (or POST `body` as JSON); the response body."""
+    if query:
+        url += "?" + urllib.parse.urlencode(query)
+    data = None if body is None else json.dumps(body).encode()
+    request = urllib.request.Request(url, data=data, headers={"Content-Type": "application/json"})
+    with urllib.request.urlopen(request, timeout=30) as r:
+        return r.read()
+
+
+def _chromium(browser: str, url: str, profile: Path, *action: str) -> subprocess.CompletedProcess:
+    """Headless Chromium loads `url` and does `action` (`--dump-dom`, `--screenshot=…`).
+
+    `--virtual-time-budget` lets the page run its scripts and fetches for 20 s of virtual
+    time (paused while requests are pending) before the action, so the React app has
+    rendered. `--no-sandbox`: CI runs as root, where Chromium's sandbox refuses to start.
+    """
+    cmd = [browser, "--headless=new", "--no-sandbox", "--disable-gpu", "--no-first-run",
+           "--hide-scrollbars", f"--user-data-dir={profile}",
+           f"--window-size={WINDOW[0]},{WINDOW[1]}", "--virtual-time-budget=20000", *action, url]
+    return subprocess.run(cmd, capture_output=True, text=True, timeout=120)
+
+
+def test_mlflow_ui_serves_runs_and_heatmaps_and_renders_in_chromium(project, tmp_path):
+    from mlflow.tracking import MlflowClient
+    from PIL import Image
+
+    browser = _browser()
+    client = MlflowClient(tracking_uri=f"sqlite:///{project}/mlflow.db")
+    exp = client.get_experiment_by_name("attnlab")
+    [run] = client.search_runs([exp.experiment_id], "tags.model = 'transformer'")
+    run_id = run.info.run_id
+    # What the store holds, read without the UI: the val_bleu history, the heatmap's bytes.
+    expected_bleu = [(m.step, m.value, m.timestamp)
+                     for m in client.get_metric_history(run_id, "val_bleu")]
+    assert len(expected_bleu) == 2  # one per epoch
+    artifact_dir = Path(urllib.parse.urlparse(run.info.artifact_uri).path)
+    assert artifact_dir.is_relative_to(project / "mlruns"), run.info.artifact_uri
+    heatmap = (artifact_dir / HEATMAP).read_bytes()
+
+    with _mlflow_ui(project / "mlflow.db", tmp_path, project.env) as ui:
+        api = f"{ui}/ajax-api/2.0/mlflow"
+        found = json.loads(_http(f"{api}/experiments/get-by-name", experiment_name="attnlab"))
+        assert found["experiment"]["experiment_id"] == exp.experiment_id
+        assert found["experiment"]["name"] == "attnlab"
+
+        searched = json.loads(_http(f"{api}/runs/search", {
+            "experiment_ids": [exp.experiment_id], "filter": "tags.model = 'transformer'"}))
+        assert [r["info"]["run_id"] for r in searched["runs"]] == [run_id]
+        assert {"key": "model", "value": "transformer"} in searched["runs"][0]["data"]["tags"]
+
+        history = json.loads(_http(f"{api}/metrics/get-history", run_id=run_id,
+                                   metric_key="val_bleu"))["metrics"]
+        assert [(int(m["step"]), m["value"], int(m["timestamp"])) for m in history] == expected_bleu
+
+        listed = json.loads(_http(f"{api}/artifacts/list", run_id=run_id, path="attention"))
+        sizes = {f["path"]: int(f["file_size"]) for f in listed["files"] if not f["is_dir"]}
+        assert sizes[HEATMAP] == len(heatmap)
+        assert sum(p.startswith("attention/sent0_") for p in sizes) == 6  # 3 kinds × 2 layers
+        served = _http(f"{ui}/get-artifact", path=HEATMAP, run_uuid=run_id)
+        assert served[:8] == PNG_MAGIC
+        assert served == heatmap  # byte for byte the file in <project>/mlruns
+
+        # The page: the HTML the server sends is an empty shell; the experiment's run table
+        # appears only once the app's scripts have run in the browser and called the API.
+        # (/#/experiments/<id> alone opens MLflow 3's GenAI overview, which lists no runs.)
+        page = f"{ui}/#/experiments/{exp.experiment_id}/runs"
+        shell = _http(f"{ui}/").decode()
+        assert run.info.run_name not in shell and "attnlab" not in shell
+        dom = _chromium(browser, page, tmp_path / "profile", "--dump-dom")
+        assert dom.returncode == 0, dom.stderr[-3000:]
+        assert "attnlab" in dom.stdout, dom.stdout[-3000:]
+        assert run.info.run_name in dom.stdout, dom.stdout[-3000:]
+        assert f"<strong>{len(MODELS)}</strong> matching runs" in dom.stdout, dom.stdout[-3000:]
+        for each in client.search_runs([exp.experiment_id]):  # one row, linking to its run page
+            assert f'href="#/experiments/{exp.experiment_id}/runs/{each.info.run_id}"' in dom.stdout
+
+        shot = tmp_path / "ui.png"
+        taken = _chromium(browser, page, tmp_path / "profile", f"--screenshot={shot}")
+        assert taken.returncode == 0, taken.stderr[-3000:]
+    assert shot.read_bytes()[:8] == PNG_MAGIC
+    with Image.open(shot) as image:
+        assert image.size == WINDOW
+        colours = image.convert("RGB").getcolors(maxcolors=WINDOW[0] * WINDOW[1])
+    assert len(colours) > 16, colours  # text, lines and widgets, not a blank or one-colour page
