@@ -12,6 +12,7 @@ from pathlib import Path
 import hydra
 from omegaconf import DictConfig
 
+from attnlab import console
 from attnlab.checkpoint import load_net
 from attnlab.data.corpora import read_lines
 from attnlab.data.tokenizer import load_sentencepiece
@@ -24,6 +25,7 @@ from attnlab.tracking import log_to_run, read_run_record
 
 @hydra.main(version_base="1.3", config_path="../conf", config_name="config")
 def main(cfg: DictConfig) -> None:
+    console.setup()
     name = cfg.model.name
     if cfg.data.get("tokenizer") == "d2l_words":
         raise SystemExit(f"data={cfg.data.name} has no test split; D2L scores its models with "
@@ -38,7 +40,7 @@ def main(cfg: DictConfig) -> None:
         scores = ev["scores"]
         logged = {"test_mse": scores["mse"],
                   **{f"test_mse_{k}": scores[f"mse_{k}"] for k in cfg.model.kernels}}
-        artifacts = []
+        artifacts, hyp_path = [], None
     else:
         tok_dir = Path(cfg.paths.tokenized)
         tokenizer = load_sentencepiece(tok_dir / "spm.model")
@@ -53,7 +55,7 @@ def main(cfg: DictConfig) -> None:
         artifacts = [(hyp_path, "evaluation")]
     write_json_atomic(metrics_path, scores)
     log_to_run(record["run_id"], record["tracking_uri"], logged, artifacts)
-    print(f"{name}: " + ", ".join(f"{k}={v:.4g}" for k, v in scores.items()) + f" → {metrics_path}")
+    print(console.evaluate_summary(name, scores, metrics_path, record, hyp_path, logged))
 
 
 if __name__ == "__main__":

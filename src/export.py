@@ -3,7 +3,7 @@
 The folder loads with torch and sentencepiece alone (see attnlab.export);
 `python src/translate.py model=<model>` uses it. A translation model is also
 logged to its training run as an MLflow pyfunc model and registered as
-`attnlab-<model>` (a new version each run); the summary line prints the
+`attnlab-<model>` (a new version each run); the summary at the end prints the
 `mlflow models serve` command. Sentences longer than `serving.max_input_chars`
 characters (conf/config.yaml, default 500; `serving.max_input_chars=N` to change) are refused.
     python src/export.py model=transformer
@@ -13,6 +13,7 @@ from pathlib import Path
 import hydra
 from omegaconf import DictConfig, OmegaConf
 
+from attnlab import console
 from attnlab.checkpoint import load_net
 from attnlab.export import (DEFAULT_MAX_INPUT_CHARS, export_regression, export_translation,
                             log_served_model, serve_command)
@@ -22,6 +23,7 @@ from attnlab.tracking import read_run_record
 
 @hydra.main(version_base="1.3", config_path="../conf", config_name="config")
 def main(cfg: DictConfig) -> None:
+    console.setup()
     name = cfg.model.name
     if cfg.data.get("tokenizer") == "d2l_words":
         raise SystemExit(f"export needs a sentencepiece corpus; data={cfg.data.name} uses D2L's "
@@ -35,15 +37,16 @@ def main(cfg: DictConfig) -> None:
     if cfg.model.task == "regression":
         data = synthetic_from_config(cfg.data, cfg.seed)
         export_regression(net, data["x_train"], data["y_train"], out_dir, facts)
-        print(f"{name}: exported → {out_dir}")
+        print(console.export_summary(name, out_dir, record))
         return
     if "decoding" in cfg.model:  # the beam settings evaluate uses; the served model uses them too
         facts["decoding"] = OmegaConf.to_container(cfg.model.decoding, resolve=True)
     max_chars = OmegaConf.select(cfg, "serving.max_input_chars", default=DEFAULT_MAX_INPUT_CHARS)
     export_translation(net, Path(cfg.paths.tokenized) / "spm.model", out_dir, facts, max_chars)
-    registered, version = log_served_model(out_dir, name, record["run_id"], record["tracking_uri"])
-    print(f"{name}: exported → {out_dir}; registered MLflow model {registered} version {version}; "
-          f"serve it with: {serve_command(registered, version, record['tracking_uri'])}")
+    with console.hide_mlflow_prints():  # "Successfully registered model ...": the summary says it
+        registered, version = log_served_model(out_dir, name, record["run_id"], record["tracking_uri"])
+    print(console.export_summary(name, out_dir, record, registered, version,
+                                 serve_command(registered, version, record["tracking_uri"])))
 
 
 if __name__ == "__main__":

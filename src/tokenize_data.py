@@ -6,7 +6,7 @@ data/tokenized/<corpus>-<src>-<tgt>/: spm.model, spm.vocab, {train,val,test}.npz
 Training pairs with an empty side, or with data.max_len or more tokens on a
 side, are dropped (attnlab.data.tokenizer.filter_pairs); val and test keep every
 pair so they stay aligned with their references. stats.json and the printout
-give the counts.
+(one line per split, then a summary) give the counts.
 data=fra_eng_d2l writes D2L's fixed-length arrays instead (see attnlab.data.d2l):
 vocab.json, {train,val}.npz, val.{src,tgt}.txt (D2L-preprocessed text), stats.json.
 
@@ -24,6 +24,7 @@ from pathlib import Path
 import hydra
 from omegaconf import DictConfig
 
+from attnlab import console
 from attnlab.data import d2l
 from attnlab.data.corpora import CorpusError, load_splits
 from attnlab.data.tokenizer import (VocabSizeError, encode_pairs, filter_pairs, train_sentencepiece,
@@ -94,9 +95,10 @@ def tokenize_d2l(cfg: DictConfig, out: Path) -> None:
         write_json_atomic(tmp / "stats.json", {
             "rule": "none: D2L's MTFraEng trims or pads every sequence to num_steps",
             "splits": {"train": len(train["src"]), "val": len(val["src"])}})
-    print(f"train: {len(train['src'])} pairs\nval: {len(val['src'])} pairs")
-    print(f"vocabulary: {tokenizer.source_vocab_size()} source words, "
-          f"{tokenizer.get_piece_size()} target words → {out}")
+    print(console.tokenize_summary(
+        f"{c.name} {c.src_lang}-{c.tgt_lang}, D2L words", out,
+        {"train": str(len(train["src"])), "val": str(len(val["src"]))},
+        f"{tokenizer.source_vocab_size()} source words, {tokenizer.get_piece_size()} target words"))
 
 
 def tokenize_sentencepiece(cfg: DictConfig, out: Path) -> None:
@@ -146,11 +148,15 @@ def tokenize_sentencepiece(cfg: DictConfig, out: Path) -> None:
     if sp.get_piece_size() < c.vocab_size:
         note = (f" (data.vocab_size={c.vocab_size} is more than this corpus gives; "
                 f"sentencepiece stopped at {sp.get_piece_size()})")
-    print(f"vocabulary: {sp.get_piece_size()} pieces{note} → {out} (counts in stats.json)")
+    kept = {name: str(n["kept"]) + (f" of {n['pairs']}" if n["kept"] != n["pairs"] else "")
+            for name, n in stats["splits"].items()}
+    print(console.tokenize_summary(f"{c.name} {c.src_lang}-{c.tgt_lang}, sentencepiece", out, kept,
+                                   f"{sp.get_piece_size()} pieces{note}"))
 
 
 @hydra.main(version_base="1.3", config_path="../conf", config_name="config")
 def main(cfg: DictConfig) -> None:
+    console.setup(mlflow=False)
     if cfg.data.name == "synthetic":
         raise SystemExit("data=synthetic needs no tokenizer; choose data=multi30k or data=fra_eng")
     out = Path(cfg.paths.tokenized)

@@ -4,7 +4,10 @@
 
 Writes checkpoints/<model>/best.ckpt and runs/<model>.json (the MLflow run id
 that evaluate and export add to); logs the resolved config, per-epoch metrics,
-the checkpoint and attention heatmaps (attention/*.png) to MLflow.
+the checkpoint and attention heatmaps (attention/*.png) to MLflow. For `dvc plots`
+it writes plots/<model>/history.csv (one row per epoch) and the same heatmaps under
+plots/<model>/attention/; maps drawn after every validation epoch go to
+attention/epochs/epochNN/ in both places.
 
 While it trains it keeps checkpoints/<model>/last.ckpt (every epoch and every
 `checkpoint.every_n_train_steps` steps). Killed, it resumes from there when the
@@ -12,21 +15,26 @@ same command (or `dvc repro`) runs again with the same config, in the same
 MLflow run (attnlab.lit.resume); a finished run deletes last.ckpt.
 """
 import logging
-import tempfile
+import shutil
 from pathlib import Path
 
 import hydra
 import lightning.pytorch as pl
 from lightning.pytorch.callbacks import ModelCheckpoint
+from lightning.pytorch.utilities import rank_zero_only
 from lightning.pytorch.utilities.exceptions import SIGTERMException
 from omegaconf import DictConfig, OmegaConf
 
+from attnlab import console
 from attnlab.checkpoint import load_net
 from attnlab.files import ensure_writable
 from attnlab.lit.logger import ResilientMLFlowLogger
 from attnlab.lit.resume import LAST, ResumeState, config_fingerprint, find_resume_point
-from attnlab.lit.setup import build_task, heatmaps
+from attnlab.lit.heatmaps import EpochHeatmaps
+from attnlab.lit.history import EpochHistoryLogger
+from attnlab.lit.setup import build_task, heatmap_sources, heatmaps
 from attnlab.lit.translation import NonFiniteLossError
+from attnlab.sweep import sweep_job
 from attnlab.tracking import check_tracking_server, write_run_record
 
 log = logging.getLogger("train")
@@ -64,9 +72,18 @@ def run_name(cfg: DictConfig) -> str:
     return f"{cfg.model.name}-{cfg.data.name}{pair}-seed{cfg.seed}"
 
 
+@rank_zero_only
+def clear_plots(folder: Path) -> None:
+    """Empty ``folder`` (plots/<model>: history.csv, attention/) before a fresh, non-resumed run."""
+    shutil.rmtree(folder, ignore_errors=True)
+    folder.mkdir(parents=True, exist_ok=True)
+
+
 @hydra.main(version_base="1.3", config_path="../conf", config_name="config")
 def main(cfg: DictConfig) -> None:
-    ensure_writable(cfg.paths.checkpoints, cfg.paths.runs)
+    console.setup()  # quiet logs under `dvc repro`; ATTNLAB_VERBOSE=1 shows everything
+    sweep = sweep_job(cfg)  # multirun (-m): outputs in the job's dir, run nested in the sweep's
+    ensure_writable(cfg.paths.checkpoints, cfg.paths.runs, cfg.paths.plots)
     check_tracking_server(cfg.mlflow.tracking_uri)
     pl.seed_everything(cfg.seed, workers=True)
     module, loaders = build_task(cfg)
@@ -77,12 +94,19 @@ def main(cfg: DictConfig) -> None:
     local_store = cfg.mlflow.tracking_uri.startswith("sqlite:")
     logger = ResilientMLFlowLogger(
         experiment_name=cfg.mlflow.experiment, tracking_uri=cfg.mlflow.tracking_uri,
-        tags={"model": cfg.model.name, "data": cfg.data.name}, run_id=resume.run_id if resume else None,
-        run_name=run_name(cfg),
+        tags={"model": cfg.model.name, "data": cfg.data.name, **sweep.tags}, run_id=resume.run_id if resume else None,
+        run_name=sweep.run_name(run_name(cfg)),
         artifact_location=cfg.mlflow.artifact_location if local_store else None)
+    plots = Path(cfg.paths.plots)
+    if resume is None:
+        clear_plots(plots)  # a persistent DVC output: a fresh run starts it anew
+    history = EpochHistoryLogger(plots / "history.csv", resume=resume is not None)
     kept, resume_checkpoints = checkpoint_callbacks(cfg)
-    callbacks = [*([kept] if kept else []), *resume_checkpoints, ResumeState(fingerprint, logger)]
-    trainer = pl.Trainer(**cfg.trainer, **cfg.device, logger=logger, callbacks=callbacks)
+    callbacks = [*([kept] if kept else []), *resume_checkpoints, ResumeState(fingerprint, logger), *console.train_callbacks(cfg)]
+    if cfg.model.task == "translation":
+        callbacks.append(EpochHeatmaps(heatmap_sources(cfg), cfg.heatmaps.epoch_kinds,
+                                       plots / "attention", logger))
+    trainer = pl.Trainer(**cfg.trainer, **cfg.device, logger=[logger, history], callbacks=callbacks)
     if trainer.is_global_zero and resume is None:
         logger.log_hyperparams(OmegaConf.to_container(cfg, resolve=True))
         logger.log_text(OmegaConf.to_yaml(cfg, resolve=True), "config.yaml")
@@ -105,18 +129,12 @@ def main(cfg: DictConfig) -> None:
     if not trainer.is_global_zero:
         return
     logger.log_artifact(best_path, "checkpoint")
-    with tempfile.TemporaryDirectory() as tmp:
-        heatmaps(cfg, load_net(best_path, expected_kind=cfg.model.name), module, Path(tmp))
-        logger.log_artifacts(tmp, "attention")
+    for png in heatmaps(cfg, load_net(best_path, expected_kind=cfg.model.name), module, plots / "attention"):
+        logger.log_artifact(str(png), "attention")
     write_run_record(Path(cfg.paths.runs) / f"{cfg.model.name}.json", logger.run_id,
                      cfg.mlflow.tracking_uri, cfg.mlflow.experiment, best_path)
     (Path(cfg.paths.checkpoints) / f"{LAST}.ckpt").unlink(missing_ok=True)  # finished: nothing to resume
-    ui_hint = " (the default store: run `mlflow ui` from the project root)" if local_store else ""
-    print(f"{cfg.model.name}: checkpoint {best_path}; MLflow run {logger.run_id} in "
-          f"{cfg.mlflow.tracking_uri}{ui_hint}")
-    if logger.offline_reason:
-        print(f"{cfg.model.name}: MLflow tracking stopped during the run ({logger.offline_reason}); "
-              "metrics after that point were not logged")
+    print(console.train_summary(cfg, trainer, logger, best_path))
 
 
 if __name__ == "__main__":

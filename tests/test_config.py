@@ -80,3 +80,19 @@ def test_profile_applies_only_to_its_pair(monkeypatch):
     cfg = _compose(["model=transformer"], monkeypatch, root="/r")
     assert cfg.trainer.max_epochs == 10 and cfg.model.net.ffn_hidden == 512
     assert cfg.checkpoint.monitor == "val_loss" and cfg.paths.checkpoints == "/r/checkpoints/transformer"
+
+
+@pytest.mark.parametrize("root, project", [
+    ("/home/me/attnlab/.dvc/tmp/exps/tmpa1b2c3", "/home/me/attnlab"),  # `dvc exp run --queue`
+    ("/home/me/attnlab", "/home/me/attnlab"),
+    ("/home/me/.dvc/tmp/exps", "/home/me/.dvc/tmp/exps"),  # the folder itself is no workspace
+])
+def test_runs_in_dvcs_temporary_workspace_track_to_the_project(monkeypatch, root, project):
+    import attnlab  # noqa: F401  (registers ${dvc_project:…})
+
+    cfg = _compose([], monkeypatch, root=root)
+    assert cfg.paths.tracking_root == project
+    assert cfg.mlflow.tracking_uri == f"sqlite:///{project}/mlflow.db"
+    assert cfg.mlflow.artifact_location == f"{project}/mlruns"
+    assert cfg.paths.checkpoints == f"{root}/checkpoints/transformer"  # outputs stay in the run's copy
+    assert cfg.paths.plots == f"{root}/plots/transformer"

@@ -139,7 +139,7 @@ def test_mlflow_store_has_runs_metrics_and_heatmaps(project):
         losses = [h.value for h in client.get_metric_history(run.info.run_id, "train_loss")]
         assert losses[-1] < losses[0]
         assert any(f.startswith("attention/sent0_") for f in artifacts(run.info.run_id))
-    layers = [f for f in artifacts(runs["transformer"].info.run_id) if "sent0_" in f]
+    layers = [f for f in artifacts(runs["transformer"].info.run_id) if f.startswith("attention/sent0_")]
     for kind in ("encoder_self", "decoder_self", "encoder_decoder"):
         assert sum(kind in f for f in layers) == 2  # one figure per layer
     nw_pngs = {f for f in artifacts(runs["nw"].info.run_id) if f.startswith("attention/")}
@@ -147,6 +147,45 @@ def test_mlflow_store_has_runs_metrics_and_heatmaps(project):
     assert runs["nw"].data.metrics["test_mse"] == pytest.approx(
         json.loads((project / "metrics/nw.json").read_text())["mse"])
 
+
+
+def test_history_csv_and_heatmaps_match_the_mlflow_run(project):
+    """plots/<model>/history.csv holds each epoch's logged metrics, and plots/<model>/attention/
+    the PNGs of the run's attention/ artifacts: the final maps and, after every validation
+    epoch, the cross-attention (Transformer) and alignment (Bahdanau) maps."""
+    import csv
+
+    from mlflow.tracking import MlflowClient
+
+    client = MlflowClient(tracking_uri=f"sqlite:///{project}/mlflow.db")
+    exp = client.get_experiment_by_name("attnlab")
+    runs = {r.data.tags["model"]: r for r in client.search_runs([exp.experiment_id])}
+    epoch_kinds = {"bahdanau": ("alignment", 1), "transformer": ("encoder_decoder", 2)}  # layers
+    for m in MODELS:
+        run_id = runs[m].info.run_id
+        rows = list(csv.DictReader((project / f"plots/{m}/history.csv").open()))
+        epochs = {"nw": 3, "bahdanau": 2, "transformer": 2}[m]
+        assert [int(r["epoch"]) for r in rows] == list(range(1, epochs + 1))
+        keys = ("train_loss", "val_loss") + (("val_bleu", "tokens_per_sec") if m in SEQ2SEQ else ())
+        for key in keys:
+            logged = client.get_metric_history(run_id, key)
+            assert [(int(r["step"]), float(r[key])) for r in rows] == [(h.step, h.value) for h in logged], key
+        local = sorted(p.relative_to(project / f"plots/{m}").as_posix()
+                       for p in (project / f"plots/{m}/attention").rglob("*.png"))
+        final = [a.path for a in client.list_artifacts(run_id, "attention") if not a.is_dir]
+        assert [f for f in local if f.count("/") == 1] == sorted(final)
+        if m == "nw":
+            assert not (project / "plots/nw/attention/epochs").exists()
+            continue
+        kind, layers = epoch_kinds[m]
+        for epoch in range(1, epochs + 1):
+            folder = f"attention/epochs/epoch{epoch:02d}"
+            logged = sorted(a.path for a in client.list_artifacts(run_id, folder))
+            expected = sorted(f"{folder}/sent{i}_{kind}_layer{l}.png"
+                              for i in range(3) for l in range(1, layers + 1))
+            assert logged == expected and [f for f in local if f.startswith(folder)] == expected
+            got = client.download_artifacts(run_id, expected[0], str(project / f"dl-epochs-{m}"))
+            assert Path(got).read_bytes() == (project / f"plots/{m}" / expected[0]).read_bytes()
 
 def test_second_repro_has_nothing_to_do(project):
     status = dvc(project, "status")
@@ -271,7 +310,7 @@ def test_second_concurrent_repro_stops_on_the_lock_and_the_first_finishes(projec
 # .gitignore files, so a product ignored by git but not pushed by DVC shows up here) plus
 # what `dvc pull` brings from the remote (the cached outputs).
 SHARED_OUTS = {"data/raw", "data/tokenized/multi30k-en-fr",
-               *(f"{d}/{m}" for d in ("checkpoints", "models") for m in MODELS),
+               *(f"{d}/{m}" for d in ("checkpoints", "models", "plots") for m in MODELS),
                *(f"{d}/{m}.json" for d in ("runs", "metrics") for m in MODELS)}
 
 
@@ -340,6 +379,127 @@ def test_fresh_clone_after_pull_has_nothing_to_reproduce(project, clone):
     assert "Data and pipelines are up to date." in repro.stdout
     assert (clone / "dvc.lock").read_bytes() == (project / "dvc.lock").read_bytes()
 
+
+
+# --- DVC experiments: `dvc exp run -S`, a queued run, `dvc exp show`, metrics/plots diff ----
+# Run in the git clone above, after its checks: `dvc exp run` applies its results there.
+# A queued experiment runs in a temporary copy of the repository (<clone>/.dvc/tmp/exps/…),
+# deleted afterwards; its MLflow run must still land in the clone's mlflow.db and mlruns/.
+EXP_LR = 0.002  # the workspace experiment's learning rate; conf/optimizer/adam.yaml has 0.001
+
+
+def _exp_rows(project: Path) -> dict:
+    """`dvc exp show --json` → {name: (rev, params.yaml, {metrics file: values})}; the baseline
+    commit is under the name "baseline"."""
+    shown = json.loads(dvc(project, "exp", "show", "--json").stdout)
+    (commit,) = [c for c in shown if c["rev"] != "workspace"]
+
+    def row(entry):
+        data = entry["data"]
+        return (data["rev"], data["params"]["params.yaml"]["data"],
+                {path: m["data"] for path, m in data["metrics"].items()})
+
+    rows = {"baseline": row(commit)}
+    for exp in commit["experiments"] or []:
+        for rev in exp["revs"]:
+            rows[rev["name"]] = row(rev)
+    return rows
+
+
+@pytest.fixture(scope="module")
+def experiments(clone):
+    """Two experiments on the clone's commit: one queued (Transformer for 1 epoch) and run by a
+    `dvc queue` worker in a temporary workspace, and one run in the workspace (1 epoch, and a
+    Hydra override of the learning rate through `models.transformer.overrides`)."""
+    queued = dvc(clone, "exp", "run", "--queue", "-n", "queued", "-S", "models.transformer.max_epochs=1")
+    assert queued.returncode == 0, queued.stderr[-3000:]
+    ran = dvc(clone, "exp", "run", "-n", "lr", "-S", "models.transformer.max_epochs=1",
+              "-S", f'models.transformer.overrides="optimizer.lr={EXP_LR}"')
+    assert ran.returncode == 0, ran.stdout[-3000:] + ran.stderr[-3000:]
+    assert "Running stage 'train@bahdanau'" not in ran.stdout  # only the Transformer's stages re-run
+    started = dvc(clone, "queue", "start", "-j", "1")
+    assert started.returncode == 0, started.stderr[-3000:]
+    try:
+        deadline = time.monotonic() + 480
+        while True:
+            status = dvc(clone, "queue", "status").stdout
+            if "Queued" not in status and "Running" not in status:
+                break
+            assert time.monotonic() < deadline, f"queued experiment still not done:\n{status}"
+            time.sleep(3)
+    finally:
+        dvc(clone, "queue", "stop", "--kill")
+    assert "Success" in status, status + dvc(clone, "queue", "logs", "queued").stdout[-3000:]
+    return clone
+
+
+def test_exp_show_lists_bleu_and_the_params_of_each_experiment(experiments):
+    rows = _exp_rows(experiments)
+    assert set(rows) == {"baseline", "lr", "queued"}
+    params = {name: row[1]["models"]["transformer"] for name, row in rows.items()}
+    assert (params["baseline"]["max_epochs"], params["baseline"]["overrides"]) == (2, "")
+    assert (params["queued"]["max_epochs"], params["queued"]["overrides"]) == (1, "")
+    assert (params["lr"]["max_epochs"], params["lr"]["overrides"]) == (1, f"optimizer.lr={EXP_LR}")
+    for name, (rev, _, metrics) in rows.items():
+        committed = json.loads(subprocess.run(
+            ["git", "show", f"{rev}:metrics/transformer.json"], cwd=experiments,
+            capture_output=True, text=True, check=True).stdout)
+        assert metrics["metrics/transformer.json"] == committed
+        assert set(committed) >= {"bleu", "bleu_lc", "chrf"}
+        # the other models' stages did not re-run: their scores are the baseline's
+        assert metrics["metrics/nw.json"] == rows["baseline"][2]["metrics/nw.json"]
+
+
+def test_experiments_reach_hydra_and_log_to_the_projects_mlflow_store(experiments):
+    """The -S values reach the Hydra apps (the params of the experiments' MLflow runs), and the
+    queued run, made in DVC's temporary workspace (deleted since), is in the clone's own store
+    with its artifacts and its test scores."""
+    from mlflow.tracking import MlflowClient
+
+    client = MlflowClient(tracking_uri=f"sqlite:///{experiments}/mlflow.db")
+    exp = client.get_experiment_by_name("attnlab")
+    runs = {float(r.data.params["optimizer/lr"]): r for r in client.search_runs([exp.experiment_id])}
+    assert set(runs) == {EXP_LR, 0.001}  # the clone's own runs: the two experiments
+    rows = _exp_rows(experiments)
+    for lr, name in ((EXP_LR, "lr"), (0.001, "queued")):
+        run = runs[lr]
+        assert run.info.status == "FINISHED" and run.data.tags["model"] == "transformer"
+        assert run.data.params["trainer/max_epochs"] == "1"
+        assert len(client.get_metric_history(run.info.run_id, "val_loss")) == 1
+        assert run.data.metrics["test_chrf"] == rows[name][2]["metrics/transformer.json"]["chrf"]
+        assert run.info.artifact_uri.startswith(f"{experiments}/mlruns/")
+        assert (Path(run.info.artifact_uri) / "checkpoint/best.ckpt").stat().st_size > 0
+    config = client.download_artifacts(runs[0.001].info.run_id, "config.yaml",
+                                       str(experiments.parent / "dl-queued"))
+    ran_in = yaml.safe_load(Path(config).read_text())["paths"]["root"]  # the queued run's root
+    assert ran_in.startswith(f"{experiments}/.dvc/tmp/exps/") and not Path(ran_in).exists()
+
+
+def test_metrics_diff_and_plots_diff_compare_experiments(experiments):
+    rows = _exp_rows(experiments)
+    revs = {name: rows[name][0] for name in ("baseline", "lr", "queued")}
+    # `metrics diff` lists what changed (tiny models: BLEU is 0 in all three, chrF is not)
+    diff = json.loads(dvc(experiments, "metrics", "diff", revs["baseline"], revs["queued"],
+                          "--json").stdout)
+    old, new = (rows[name][2]["metrics/transformer.json"]["chrf"] for name in ("baseline", "queued"))
+    assert old != new
+    assert diff == {"metrics/transformer.json": {"chrf": {"old": old, "new": new,
+                                                         "diff": pytest.approx(new - old)}}}
+    shown = dvc(experiments, "plots", "diff", *revs.values(), "--json")
+    assert shown.returncode == 0, shown.stderr[-3000:]
+    plots = json.loads(shown.stdout)["data"]
+    (curve,) = plots["Validation loss per epoch (cross-entropy, NW: test MSE)"]
+    assert curve["revisions"] == list(revs.values())
+    points = [v for v in curve["content"]["data"]["values"] if v["filename"] == "transformer/history.csv"]
+    epochs = {name: [int(v["epoch"]) for v in points if v["rev"] == rev] for name, rev in revs.items()}
+    assert epochs == {"baseline": [1, 2], "lr": [1], "queued": [1]}
+    val_loss = {name: float(v["val_loss"]) for name, rev in revs.items() for v in points
+                if v["rev"] == rev and v["epoch"] == "1"}
+    assert val_loss["lr"] != val_loss["queued"] == val_loss["baseline"]  # same seed, lr and epoch 1
+    epoch1 = "plots/transformer/attention/epochs/epoch01/sent0_encoder_decoder_layer2.png"
+    assert [p["revisions"] for p in plots[epoch1]] == [[r] for r in revs.values()]
+    epoch2 = epoch1.replace("epoch01", "epoch02")
+    assert [p["revisions"] for p in plots[epoch2]] == [[revs["baseline"]]]
 
 # --- the MLflow UI, through its REST API and in a real browser ------------------------------
 # `mlflow ui` serves MLflow's single-page web app and, under /ajax-api/2.0/mlflow/, the REST

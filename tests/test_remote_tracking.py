@@ -25,9 +25,12 @@ from tiny_train import ROOT, STEPS_PER_EPOCH, copy_project, env, history, make_p
 
 VENV_BIN = Path(sys.executable).parent
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
-# conf/config.yaml heatmap_sentences [0, 1, 2] × the 3 attention kinds × the tiny model's 2 layers
+# conf/config.yaml heatmaps.sentences [0, 1, 2] × the 3 attention kinds × the tiny model's 2 layers,
+# and after each of the 2 epochs the encoder-decoder attention (heatmaps.epoch_kinds)
 HEATMAPS = {f"attention/sent{s}_{kind}_layer{layer}.png" for s in range(3)
-            for kind in ("encoder_self", "decoder_self", "encoder_decoder") for layer in (1, 2)}
+            for kind in ("encoder_self", "decoder_self", "encoder_decoder") for layer in (1, 2)} | {
+    f"attention/epochs/epoch{e:02d}/sent{s}_encoder_decoder_layer{layer}.png"
+    for e in (1, 2) for s in range(3) for layer in (1, 2)}
 
 
 def free_port() -> int:
@@ -125,7 +128,10 @@ def test_run_is_tracked_on_the_server(remote_run, server):
     (run,) = runs(client)
     run_id = run.info.run_id
     assert run.info.status == "FINISHED"
-    assert f"MLflow run {run_id} in {server.uri}\n" in result.stdout  # no `mlflow ui` hint: not local
+    assert f"  MLflow run : {run_id} (" in result.stdout
+    assert f"  tracking   : {server.uri}\n" in result.stdout  # a server: its run page, no `mlflow ui` line
+    assert f"  run page   : {server.uri}/#/experiments/{run.info.experiment_id}/runs/{run_id}\n" in result.stdout
+    assert "mlflow ui" not in result.stdout
     # one value per epoch, logged at the last step of each epoch (8 steps per epoch)
     for key in ("val_loss", "val_bleu"):
         assert [step for step, _ in history(client, run_id, key)] == [STEPS_PER_EPOCH - 1,
@@ -191,7 +197,8 @@ def test_server_lost_mid_run_training_finishes(project, tmp_path, monkeypatch):
         client = server.client()
         with open(out, "w") as f:
             # one heatmap sentence: the PNGs are not what this test is about (saves ~6 s)
-            cmd = train_cmd(root, f"trainer.max_epochs={epochs}", "heatmap_sentences=[0]")
+            cmd = train_cmd(root, f"trainer.max_epochs={epochs}", "heatmaps.sentences=[0]",
+                            "heatmaps.epoch_kinds=[]")
             proc = subprocess.Popen(cmd, cwd=ROOT, env=env(MLFLOW_TRACKING_URI=server.uri, **fast_fail),
                                     stdout=f, stderr=subprocess.STDOUT, text=True)
         run_id, deadline = None, time.monotonic() + 240

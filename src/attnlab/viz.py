@@ -200,14 +200,18 @@ def _pieces(tokenizer, ids, source: bool = False) -> list[str]:
 
 @torch.no_grad()
 def translation_heatmaps(net, tokenizer, sentences: Sequence[str], out_dir: Path,
-                         device="cpu") -> list[Path]:
+                         device="cpu", kinds: Sequence[str] | None = None,
+                         title_prefix: str = "") -> list[Path]:
     """Attention maps of a seq2seq model for ``sentences``, one PNG per (sentence, kind, layer).
 
     Each sentence is greedy-decoded, then run once more teacher-forced on its own
     output with weights recorded (identical to the weights seen while decoding,
     by causality). Kinds: ``alignment`` (Bahdanau: target × source);
     ``encoder_self``, ``decoder_self``, ``encoder_decoder`` (Transformer), heads
-    as panels. Axis labels are sentencepiece tokens.
+    as panels. Axis labels are sentencepiece tokens. ``kinds`` keeps only those kinds
+    (``None``: all); a kind the model does not have is skipped. Files are named
+    ``sent<i>_<kind>_layer<l>.png``; returns their paths. ``title_prefix`` (e.g. ``"epoch 3, "``)
+    starts every title.
     """
     from attnlab.data.tokenizer import BOS_ID, EOS_ID
     from attnlab.decoding import encode_sources, translate
@@ -228,11 +232,13 @@ def translation_heatmaps(net, tokenizer, sentences: Sequence[str], out_dir: Path
                 "encoder_decoder": (src_labels, out_labels, "source (keys)", "target (queries)"),
                 "alignment": (src_labels, out_labels, "source (keys)", "target (queries)")}
         for kind, layers in maps.items():
+            if kinds is not None and kind not in kinds:
+                continue
             xl, yl, xn, yn = axes[kind]
             for layer, w in enumerate(layers, 1):  # w: (1, H, Q, K)
                 H = w.shape[1]
                 paths.append(heatmap_grid(
-                    w[0], xl, yl, f"{kind} layer {layer}: {sentence!r} → {tokenizer.decode(out_ids)!r}",
+                    w[0], xl, yl, f"{title_prefix}{kind} layer {layer}: {sentence!r} → {tokenizer.decode(out_ids)!r}",
                     Path(out_dir) / f"sent{i}_{kind}_layer{layer}.png",
                     panel_titles=[f"head {h + 1}" for h in range(H)] if H > 1 else None,
                     xlabel=xn, ylabel=yn))

@@ -67,6 +67,10 @@ def heatmaps(cfg: DictConfig, net, trained, out_dir: Path) -> list[Path]:
                           ev["predictions"], ev["weights"], out_dir,
                           kernels=ev["kernels"], width=m.width, width_sweep=ev["width_sweep"],
                           trained_w=ev["w"])
+    return translation_heatmaps(net, trained.tokenizer, heatmap_sources(cfg), out_dir)
+
+
+def heatmap_sources(cfg: DictConfig) -> list[str]:
+    """The validation sources at ``cfg.heatmaps.sentences`` (indices past the split are skipped)."""
     sources = read_lines(Path(cfg.paths.tokenized) / "val.src.txt")
-    chosen = [sources[i] for i in cfg.heatmap_sentences if i < len(sources)]
-    return translation_heatmaps(net, trained.tokenizer, chosen, out_dir)
+    return [sources[i] for i in cfg.heatmaps.sentences if i < len(sources)]

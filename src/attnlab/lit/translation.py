@@ -42,6 +42,8 @@ class TranslationModule(pl.LightningModule):
         label_smoothing: ε of the training loss (val loss is plain cross-entropy).
         warmup_steps: see :func:`inverse_sqrt_warmup`.
     Logged metrics: ``train_loss``, ``val_loss``, ``val_bleu`` (per epoch), ``tokens_per_sec``.
+    Progress bar only (not logged): ``loss`` (the step's training loss) and ``tokens/s``
+    (target tokens per second over the epoch's finished steps, per rank).
     ``val_texts`` (sources, references) set by the caller enables ``val_bleu``; under DDP
     each rank translates its share of them and the corpus BLEU is computed once over all.
     Raises:
@@ -76,13 +78,26 @@ class TranslationModule(pl.LightningModule):
                 f"{self.current_epoch}, batch {batch_idx}); no weight was updated with it. "
                 "Lower optimizer.lr or raise model.warmup_steps (a changed config trains afresh)")
         ntok = int((batch["tgt_out"] != PAD_ID).sum())
+        done_tokens, done_time = self._epoch_tokens, self._epoch_train_time
         self._epoch_tokens += ntok
         self.log("train_loss", loss, on_step=False, on_epoch=True, prog_bar=True,
                  batch_size=ntok, sync_dist=True)
+        # Progress bar only (logger=False: no MLflow metric): this step's loss and the target
+        # tokens/s of this epoch's finished steps (this rank's under DDP). Both are CPU tensors,
+        # so the bar reads them every step without waiting for the GPU; the loss is copied just
+        # after the two syncs above, when nothing is queued on the device.
+        self.log("loss", loss.detach().cpu(), on_step=True, on_epoch=False, prog_bar=True, logger=False)
+        if done_time > 0:  # none at an epoch's first step
+            self.log("tokens/s", torch.tensor(done_tokens / done_time), on_step=True, on_epoch=False,
+                     prog_bar=True, logger=False)
         return loss
 
     def on_train_epoch_start(self):
-        self._epoch_tokens, self._epoch_start = 0, time.perf_counter()
+        self._epoch_tokens, self._epoch_start, self._epoch_train_time = 0, time.perf_counter(), 0.0
+
+    def on_train_start(self):
+        # A run resumed mid-epoch skips on_train_epoch_start: count from here (the resumed part).
+        self.on_train_epoch_start()
 
     def on_train_batch_end(self, outputs, batch, batch_idx):
         self._epoch_train_time = time.perf_counter() - self._epoch_start  # after the optimizer step
