@@ -225,7 +225,10 @@ def console_state(monkeypatch):
     handler filters, environment variables."""
     for var in ("DVC_STAGE", console.VERBOSE_ENV, "MLFLOW_LOGGING_LEVEL", "MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR",
                 "MLFLOW_TRACKING_URI"):
-        monkeypatch.delenv(var, raising=False)
+        # setenv first, so that undo restores the variable's state before the test even when
+        # the test (or console.setup) sets it directly: delenv of an absent variable records nothing
+        monkeypatch.setenv(var, "")
+        monkeypatch.delenv(var)
     names = ("", "lightning.pytorch", "lightning.fabric", "train", "mlflow")
     levels = {n: logging.getLogger(n).level for n in names}
     out = io.StringIO()

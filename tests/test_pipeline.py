@@ -32,6 +32,7 @@ from corpus_fixture import write_mirror
 ROOT = Path(__file__).resolve().parents[1]
 MODELS = ("nw", "bahdanau", "transformer")
 SEQ2SEQ = ("bahdanau", "transformer")
+HEATMAP_SENTENCES = [0, 1]  # validation sentences whose attention maps are drawn
 
 
 def _env(mirror: Path) -> dict:
@@ -56,6 +57,7 @@ def dvc(project: Path, *args: str) -> subprocess.CompletedProcess:
 
 class Project(type(Path())):
     env: dict
+    rows: dict  # `dvc exp show` of the experiments fixture
 
 
 @pytest.fixture(scope="module")
@@ -72,6 +74,7 @@ def project(tmp_path_factory):
     download.sources = {rel: {"sha256": [d]} for rel, d in digests.items()}
     OmegaConf.save(download, root / "conf/download.yaml")
     _edit(root / "conf/data/multi30k.yaml", vocab_size=150, val_bleu_sentences=4)
+    _edit(root / "conf/config.yaml", **{"heatmaps.sentences": HEATMAP_SENTENCES})  # ~1 s per PNG
     _edit(root / "conf/model/transformer.yaml", **{"net.d_model": 32, "net.ffn_hidden": 64,
                                                    "batch_size": 8, "warmup_steps": 5})
     _edit(root / "conf/model/bahdanau.yaml", **{"net.embed_size": 16, "net.num_hiddens": 32,
@@ -182,7 +185,7 @@ def test_history_csv_and_heatmaps_match_the_mlflow_run(project):
             folder = f"attention/epochs/epoch{epoch:02d}"
             logged = sorted(a.path for a in client.list_artifacts(run_id, folder))
             expected = sorted(f"{folder}/sent{i}_{kind}_layer{l}.png"
-                              for i in range(3) for l in range(1, layers + 1))
+                              for i in HEATMAP_SENTENCES for l in range(1, layers + 1))
             assert logged == expected and [f for f in local if f.startswith(folder)] == expected
             got = client.download_artifacts(run_id, expected[0], str(project / f"dl-epochs-{m}"))
             assert Path(got).read_bytes() == (project / f"plots/{m}" / expected[0]).read_bytes()
@@ -430,11 +433,12 @@ def experiments(clone):
     finally:
         dvc(clone, "queue", "stop", "--kill")
     assert "Success" in status, status + dvc(clone, "queue", "logs", "queued").stdout[-3000:]
+    clone.rows = _exp_rows(clone)
     return clone
 
 
 def test_exp_show_lists_bleu_and_the_params_of_each_experiment(experiments):
-    rows = _exp_rows(experiments)
+    rows = experiments.rows
     assert set(rows) == {"baseline", "lr", "queued"}
     params = {name: row[1]["models"]["transformer"] for name, row in rows.items()}
     assert (params["baseline"]["max_epochs"], params["baseline"]["overrides"]) == (2, "")
@@ -460,7 +464,7 @@ def test_experiments_reach_hydra_and_log_to_the_projects_mlflow_store(experiment
     exp = client.get_experiment_by_name("attnlab")
     runs = {float(r.data.params["optimizer/lr"]): r for r in client.search_runs([exp.experiment_id])}
     assert set(runs) == {EXP_LR, 0.001}  # the clone's own runs: the two experiments
-    rows = _exp_rows(experiments)
+    rows = experiments.rows
     for lr, name in ((EXP_LR, "lr"), (0.001, "queued")):
         run = runs[lr]
         assert run.info.status == "FINISHED" and run.data.tags["model"] == "transformer"
@@ -476,7 +480,7 @@ def test_experiments_reach_hydra_and_log_to_the_projects_mlflow_store(experiment
 
 
 def test_metrics_diff_and_plots_diff_compare_experiments(experiments):
-    rows = _exp_rows(experiments)
+    rows = experiments.rows
     revs = {name: rows[name][0] for name in ("baseline", "lr", "queued")}
     # `metrics diff` lists what changed (tiny models: BLEU is 0 in all three, chrF is not)
     diff = json.loads(dvc(experiments, "metrics", "diff", revs["baseline"], revs["queued"],

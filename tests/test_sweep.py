@@ -92,6 +92,7 @@ def test_a_sweep_is_one_parent_run_with_one_child_run_per_job(good_sweep):
     assert [c.info.run_name for c in children] == ["transformer-multi30k-en-fr-seed0-job0 model.net.d_model=16",
                                                    "transformer-multi30k-en-fr-seed0-job1 model.net.d_model=32"]
     assert [c.data.tags["model"] for c in children] == ["transformer"] * 2
+    assert parent.data.tags["model"] == "transformer"  # not swept: the jobs' model
     [record] = read_parents(sweep_dir)  # the id every job read from the sweep dir
     assert record["run_id"] == parent.info.run_id
 
@@ -262,3 +263,14 @@ def test_callback_ends_the_parent_killed_failed_finished_and_reopens_it(tmp_path
     exits.pop()()  # on_multirun_end ran: nothing changes at exit
     assert status() == "FINISHED"
     assert [r.info.run_id for r in runs(client)] == [parent]
+
+
+@pytest.mark.parametrize("overrides, first_job, tag", [
+    (["model=bahdanau,transformer", "optimizer.lr=1e-3,3e-4"], "bahdanau", "bahdanau,transformer"),
+    (["model=bahdanau", "optimizer.lr=1e-3,3e-4"], "bahdanau", "bahdanau"),
+    (["optimizer.lr=1e-3,3e-4"], "transformer", "transformer"),
+])
+def test_the_parent_is_tagged_with_the_swept_models(overrides, first_job, tag):
+    from attnlab.sweep import sweep_models
+
+    assert sweep_models({"overrides": overrides}, first_job) == tag

@@ -17,7 +17,10 @@ from corpus_fixture import write_mirror
 ROOT = Path(__file__).resolve().parents[1]
 TINY = ["model=transformer", "device=cpu", "model.net.d_model=32", "model.net.ffn_hidden=64",
         "model.max_tokens=40", "model.warmup_steps=5", "data.vocab_size=150",
-        "data.val_bleu_sentences=4", "trainer.enable_progress_bar=false", "trainer.deterministic=true"]
+        "data.val_bleu_sentences=4", "trainer.enable_progress_bar=false", "trainer.deterministic=true",
+        # matplotlib takes about a second per heatmap: one sentence, none per epoch (tests that
+        # check the per-epoch maps ask for them)
+        "heatmaps.sentences=[0]", "heatmaps.epoch_kinds=[]"]
 STEPS_PER_EPOCH = 8  # the 40 training pairs in batches of at most 40 padded tokens
 
 

@@ -191,6 +191,18 @@ def swept_overrides(job_overrides: list[str], info: dict | None) -> list[str] | 
             if o.get_key_element() in keys]
 
 
+def sweep_models(info: dict, model: str) -> str:
+    """The parent run's ``model`` tag (every attnlab run has one): the swept models, comma-joined
+    in command-line order (``bahdanau,transformer`` for ``model=bahdanau,transformer``), or
+    ``model``, the first job's, when the sweep does not vary it."""
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+
+    for o in OverridesParser.create().parse_overrides(list(info.get("overrides", []))):
+        if o.get_key_element() == "model":
+            return ",".join(str(v) for v in o.sweep_iterator()) if o.is_sweep_override() else o.value()
+    return model
+
+
 def _parent_name(sweep_dir: Path) -> str:
     """``sweep-2026-11-29_15-04-16`` for Hydra's default ``multirun/<date>/<time>``, else
     ``sweep-<basename>``."""
@@ -265,7 +277,8 @@ def ensure_parent(cfg: DictConfig, sweep_dir: Path) -> str | None:
     check_tracking_server(uri)
     info = read_sweep_info(sweep_dir) or {}
     tags = {"sweep.dir": str(sweep_dir), "sweep.overrides": " ".join(info.get("overrides", []))[:_MAX_TAG],
-            "sweep.params": " ".join(info.get("params", []))[:_MAX_TAG]}
+            "sweep.params": " ".join(info.get("params", []))[:_MAX_TAG],
+            "model": sweep_models(info, OmegaConf.select(cfg, "model.name", default=""))}
     try:
         from mlflow.tracking import MlflowClient
 
