@@ -492,7 +492,7 @@ def test_metrics_diff_and_plots_diff_compare_experiments(experiments):
     shown = dvc(experiments, "plots", "diff", *revs.values(), "--json")
     assert shown.returncode == 0, shown.stderr[-3000:]
     plots = json.loads(shown.stdout)["data"]
-    (curve,) = plots["Validation loss per epoch (cross-entropy, NW: test MSE)"]
+    (curve,) = plots["Validation loss per epoch (cross-entropy)"]
     assert curve["revisions"] == list(revs.values())
     points = [v for v in curve["content"]["data"]["values"] if v["filename"] == "transformer/history.csv"]
     epochs = {name: [int(v["epoch"]) for v in points if v["rev"] == rev] for name, rev in revs.items()}
