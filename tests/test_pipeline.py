@@ -389,6 +389,8 @@ def test_fresh_clone_after_pull_has_nothing_to_reproduce(project, clone):
 # A queued experiment runs in a temporary copy of the repository (<clone>/.dvc/tmp/exps/…),
 # deleted afterwards; its MLflow run must still land in the clone's mlflow.db and mlruns/.
 EXP_LR = 0.002  # the workspace experiment's learning rate; conf/optimizer/adam.yaml has 0.001
+# Hydra overrides of the workspace experiment: two of them, split by the shell as in the README
+EXP_OVERRIDES = f"optimizer.lr={EXP_LR} optimizer.weight_decay=0.01"
 
 
 def _exp_rows(project: Path) -> dict:
@@ -413,11 +415,11 @@ def _exp_rows(project: Path) -> dict:
 def experiments(clone):
     """Two experiments on the clone's commit: one queued (Transformer for 1 epoch) and run by a
     `dvc queue` worker in a temporary workspace, and one run in the workspace (1 epoch, and a
-    Hydra override of the learning rate through `models.transformer.overrides`)."""
+    Hydra overrides of the learning rate and weight decay through `models.transformer.overrides`)."""
     queued = dvc(clone, "exp", "run", "--queue", "-n", "queued", "-S", "models.transformer.max_epochs=1")
     assert queued.returncode == 0, queued.stderr[-3000:]
     ran = dvc(clone, "exp", "run", "-n", "lr", "-S", "models.transformer.max_epochs=1",
-              "-S", f'models.transformer.overrides="optimizer.lr={EXP_LR}"')
+              "-S", f'models.transformer.overrides="{EXP_OVERRIDES}"')
     assert ran.returncode == 0, ran.stdout[-3000:] + ran.stderr[-3000:]
     assert "Running stage 'train@bahdanau'" not in ran.stdout  # only the Transformer's stages re-run
     started = dvc(clone, "queue", "start", "-j", "1")
@@ -443,7 +445,7 @@ def test_exp_show_lists_bleu_and_the_params_of_each_experiment(experiments):
     params = {name: row[1]["models"]["transformer"] for name, row in rows.items()}
     assert (params["baseline"]["max_epochs"], params["baseline"]["overrides"]) == (2, "")
     assert (params["queued"]["max_epochs"], params["queued"]["overrides"]) == (1, "")
-    assert (params["lr"]["max_epochs"], params["lr"]["overrides"]) == (1, f"optimizer.lr={EXP_LR}")
+    assert (params["lr"]["max_epochs"], params["lr"]["overrides"]) == (1, EXP_OVERRIDES)
     for name, (rev, _, metrics) in rows.items():
         committed = json.loads(subprocess.run(
             ["git", "show", f"{rev}:metrics/transformer.json"], cwd=experiments,
@@ -469,6 +471,7 @@ def test_experiments_reach_hydra_and_log_to_the_projects_mlflow_store(experiment
         run = runs[lr]
         assert run.info.status == "FINISHED" and run.data.tags["model"] == "transformer"
         assert run.data.params["trainer/max_epochs"] == "1"
+        assert float(run.data.params["optimizer/weight_decay"]) == (0.01 if name == "lr" else 0.0)
         assert len(client.get_metric_history(run.info.run_id, "val_loss")) == 1
         assert run.data.metrics["test_chrf"] == rows[name][2]["metrics/transformer.json"]["chrf"]
         assert run.info.artifact_uri.startswith(f"{experiments}/mlruns/")
