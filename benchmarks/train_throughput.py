@@ -6,8 +6,12 @@ and output projection, sinusoidal positions, AdamW, label smoothing 0.1. Both
 train on the very same token-budget batches (``--max-tokens`` padded tokens,
 length-sorted, :class:`attnlab.data.batching.TokenBudgetBatchSampler`) for
 ``--steps`` timed steps after ``--warmup`` untimed ones, in fp32 and under
-bf16 autocast (the loss in float32), alternating the two models so that
-machine noise hits both alike.
+bf16 autocast (the loss in float32), alternating the models so that
+machine noise hits all alike. Each trains as its user would: attnlab with its
+own loss (:func:`attnlab.loss.sequence_loss`, the output layer and
+cross-entropy in chunks, never all (B, T, V) logits at once), the peer with
+``F.cross_entropy`` over all logits. ``--logits-loss`` (default on) also times
+attnlab's model with the peer's loss, separating the model from the loss.
 
 Reported: target tokens/s of each (the non-pad target tokens of the timed
 batches / wall time), their ratios, peak RSS of the process, model FLOP
@@ -40,6 +44,7 @@ from attnlab.data.batching import PairDataset, TokenBudgetBatchSampler, collate,
 from attnlab.data.corpora import read_multi30k
 from attnlab.data.tokenizer import EOS_ID, PAD_ID, train_sentencepiece
 from attnlab.decoding import beam_search, encode_sources, greedy_decode
+from attnlab.loss import sequence_loss
 from attnlab.models.transformer import Transformer
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -77,11 +82,21 @@ class TorchTransformerMT(nn.Module):
         return self.output(out)
 
 
-def train_step(model, opt, batch, bf16: bool):
+def logits_loss(model, batch):
+    """The obvious loss: all (B, T, V) logits, then F.cross_entropy (what the peer's user writes)."""
+    logits = model(batch["src"], batch["src_valid_lens"], batch["tgt_in"])
+    return F.cross_entropy(logits.float().flatten(0, 1), batch["tgt_out"].flatten(),
+                           ignore_index=PAD_ID, label_smoothing=0.1)
+
+
+def attnlab_loss(model, batch):
+    """What attnlab's TranslationModule trains with: the chunked output layer + loss."""
+    return sequence_loss(model, batch, 0.1)
+
+
+def train_step(model, opt, batch, bf16: bool, loss_fn=logits_loss):
     with torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16):
-        logits = model(batch["src"], batch["src_valid_lens"], batch["tgt_in"])
-        loss = F.cross_entropy(logits.float().flatten(0, 1), batch["tgt_out"].flatten(),
-                               ignore_index=PAD_ID, label_smoothing=0.1)
+        loss = loss_fn(model, batch)
     opt.zero_grad(set_to_none=True)
     loss.backward()
     opt.step()
@@ -140,6 +155,8 @@ def main() -> None:
     p.add_argument("--decode-sentences", type=int, default=64)
     p.add_argument("--decode-len", type=int, default=30)
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--logits-loss", action=argparse.BooleanOptionalAction, default=True,
+                   help="also time attnlab's model with the peer's full-logits loss")
     a = p.parse_args()
     torch.manual_seed(a.seed)
 
@@ -157,7 +174,12 @@ def main() -> None:
     size = dict(d_model=256, num_heads=4, num_layers=3, ffn_hidden=1024, dropout=0.1)
     models = {"attnlab": Transformer(V, **size, tie_embeddings=True),
               "peer": TorchTransformerMT(V, **size)}
-    params = {k: sum(p.numel() for p in m.parameters()) for k, m in models.items()}
+    # attnlab as it trains (attnlab.loss) and the peer as a user writes it (full logits).
+    losses = {"attnlab": attnlab_loss, "peer": logits_loss}
+    if a.logits_loss:  # also attnlab's model with the peer's loss: the model alone vs the peer
+        models["attnlab_logits_loss"] = Transformer(V, **size, tie_embeddings=True)
+        losses["attnlab_logits_loss"] = logits_loss
+    params = {k: sum(p.numel() for p in m.parameters()) for k in ("attnlab", "peer") for m in [models[k]]}
     result = {"vocab": V, "params_attnlab": params["attnlab"], "params_peer": params["peer"],
               "padding_fraction": pad_epoch, "batches_per_epoch": len(epoch)}
 
@@ -170,13 +192,13 @@ def main() -> None:
             m.train()
         for b in batches[: a.warmup]:
             for k in models:
-                train_step(models[k], opts[k], b, bf16)
+                train_step(models[k], opts[k], b, bf16, losses[k])
         elapsed = dict.fromkeys(models, 0.0)
         timed = batches[a.warmup : a.warmup + steps]
         for b in timed:  # alternate the models batch by batch
             for k in models:
                 t = time.perf_counter()
-                train_step(models[k], opts[k], b, bf16)
+                train_step(models[k], opts[k], b, bf16, losses[k])
                 elapsed[k] += time.perf_counter() - t
         tokens = sum(int((b["tgt_out"] != PAD_ID).sum()) for b in timed)
         flops = sum(step_flops(b, 256, 1024, 3, V) for b in timed)
@@ -186,6 +208,8 @@ def main() -> None:
             result[f"mfu_{k}_{precision}"] = flops / elapsed[k] / rate
         result[f"matmul_gflops_{precision}"] = rate / 1e9
         result[f"attnlab_vs_peer_{precision}"] = elapsed["peer"] / elapsed["attnlab"]
+        if "attnlab_logits_loss" in models:
+            result[f"attnlab_logits_loss_vs_peer_{precision}"] = elapsed["peer"] / elapsed["attnlab_logits_loss"]
         print(f"{precision}: attnlab {result[f'attnlab_{precision}']:.0f} tok/s, "
               f"peer {result[f'peer_{precision}']:.0f} tok/s, ratio {result[f'attnlab_vs_peer_{precision}']:.2f}",
               flush=True)

@@ -12,15 +12,6 @@ from attnlab import console
 from attnlab.data.download import DownloadError, fetch
 
 
-def _stamp(path: Path) -> tuple[int, int] | None:
-    """(inode, mtime in ns) of ``path``, ``None`` if absent: tells whether ``fetch`` replaced it."""
-    try:
-        st = path.stat()
-    except FileNotFoundError:
-        return None
-    return st.st_ino, st.st_mtime_ns
-
-
 @hydra.main(version_base="1.3", config_path="../conf", config_name="download")
 def main(cfg: DictConfig) -> None:
     console.setup(mlflow=False)
@@ -28,12 +19,11 @@ def main(cfg: DictConfig) -> None:
     for relpath, src in cfg.sources.items():
         url = src.get("url") or f"{cfg.multi30k_url}/{Path(relpath).name}"
         digests = {k: list(v) for k, v in src.items() if k in ("sha256", "sha1")}
-        before = _stamp(raw / relpath)
         try:
-            path = fetch(relpath, url, digests, raw, mirror=cfg.mirror or "")
+            fetched = fetch(relpath, url, digests, raw, mirror=cfg.mirror or "")
         except DownloadError as e:
             raise SystemExit(f"download failed: {e}") from None
-        files.append((relpath, before is None or _stamp(path) != before))
+        files.append((relpath, fetched.downloaded))
     print(console.download_summary(raw, files, f"mirror {cfg.mirror}" if cfg.mirror else "canonical URLs"))
 
 

@@ -15,8 +15,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from attnlab import console
 from attnlab.checkpoint import load_net
-from attnlab.export import (DEFAULT_MAX_INPUT_CHARS, export_regression, export_translation,
-                            log_served_model, serve_command)
+from attnlab.export import export_regression, export_translation, log_served_model, serve_command
 from attnlab.models.nadaraya_watson import synthetic_from_config
 from attnlab.tracking import read_run_record
 
@@ -41,8 +40,8 @@ def main(cfg: DictConfig) -> None:
         return
     if "decoding" in cfg.model:  # the beam settings evaluate uses; the served model uses them too
         facts["decoding"] = OmegaConf.to_container(cfg.model.decoding, resolve=True)
-    max_chars = OmegaConf.select(cfg, "serving.max_input_chars", default=DEFAULT_MAX_INPUT_CHARS)
-    export_translation(net, Path(cfg.paths.tokenized) / "spm.model", out_dir, facts, max_chars)
+    export_translation(net, Path(cfg.paths.tokenized) / "spm.model", out_dir, facts,
+                       cfg.serving.max_input_chars)
     with console.hide_mlflow_prints():  # "Successfully registered model ...": the summary says it
         registered, version = log_served_model(out_dir, name, record["run_id"], record["tracking_uri"])
     print(console.export_summary(name, out_dir, record, registered, version,

@@ -11,14 +11,11 @@ data=fra_eng_d2l writes D2L's fixed-length arrays instead (see attnlab.data.d2l)
 vocab.json, {train,val}.npz, val.{src,tgt}.txt (D2L-preprocessed text), stats.json.
 
 The output folder is built beside the target and renamed into place at the
-end: a failed run leaves the previous output as it was, and no partial one.
+end (attnlab.files.staged_dir): a failed run leaves the previous output as it
+was, and no partial one.
     python src/tokenize_data.py data=multi30k data.tgt_lang=de
     python src/tokenize_data.py data=fra_eng_d2l
 """
-import os
-import shutil
-import tempfile
-from contextlib import contextmanager
 from pathlib import Path
 
 import hydra
@@ -29,35 +26,10 @@ from attnlab.data import d2l
 from attnlab.data.corpora import CorpusError, load_splits
 from attnlab.data.tokenizer import (VocabSizeError, encode_pairs, filter_pairs, train_sentencepiece,
                                     write_split)
-from attnlab.files import write_json_atomic, write_lines_atomic
+from attnlab.files import staged_dir, write_json_atomic, write_lines_atomic
 
 RULE = ("training pairs with an empty side (after normalization) or with max_len or more "
         "sentencepiece tokens on a side are dropped; val and test keep every pair")
-
-
-@contextmanager
-def staged_dir(out: Path):
-    """A fresh folder beside ``out``; renamed onto ``out`` if the block succeeds, else deleted."""
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", suffix=".tmp", dir=out.parent))
-    try:
-        yield tmp
-        os.chmod(tmp, 0o755)  # mkdtemp makes 0700
-        old = out.with_name(f"{tmp.name}.old") if out.exists() else None
-        if old:
-            os.rename(out, old)
-        try:
-            os.rename(tmp, out)
-        except BaseException:
-            if old:
-                os.rename(old, out)
-            raise
-        if old and old.is_symlink():
-            old.unlink()
-        elif old:
-            shutil.rmtree(old)
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
 
 
 def _empty_train_fix(cfg: DictConfig) -> str:

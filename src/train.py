@@ -2,7 +2,8 @@
 
     python src/train.py model=transformer optimizer=adamw device=cpu trainer.max_epochs=1
 
-Writes checkpoints/<model>/best.ckpt and runs/<model>.json (the MLflow run id
+Writes checkpoints/<model>/best.ckpt (best by val_loss, or with
+`checkpoint.average_last=N` the average of the last N epochs' weights) and runs/<model>.json (the MLflow run id
 that evaluate and export add to); logs the resolved config, per-epoch metrics,
 the checkpoint and attention heatmaps (attention/*.png) to MLflow. For `dvc plots`
 it writes plots/<model>/history.csv (one row per epoch) and the same heatmaps under
@@ -28,6 +29,7 @@ from omegaconf import DictConfig, OmegaConf
 from attnlab import console
 from attnlab.checkpoint import load_net
 from attnlab.files import ensure_writable
+from attnlab.lit.averaging import WeightAveraging
 from attnlab.lit.logger import ResilientMLFlowLogger
 from attnlab.lit.resume import LAST, ResumeState, config_fingerprint, find_resume_point
 from attnlab.lit.heatmaps import EpochHeatmaps
@@ -41,19 +43,24 @@ log = logging.getLogger("train")
 
 
 def checkpoint_callbacks(cfg: DictConfig) -> tuple[ModelCheckpoint | None, list[ModelCheckpoint]]:
-    """The kept checkpoint (best by ``checkpoint.monitor``; ``None`` with no monitor, where
-    ``main`` saves the final model) and the resume checkpoints that overwrite
-    ``last.ckpt`` after every validation and every N steps.
+    """The kept checkpoint (best by ``checkpoint.monitor``; ``None`` with no monitor or with
+    ``checkpoint.average_last`` > 0, where ``main`` saves the final or the averaged model)
+    and the resume checkpoints that overwrite ``last.ckpt`` after every validation and
+    every N steps.
 
     Raises:
-        ValueError: ``checkpoint.filename`` is ``last``, the resume checkpoint's name.
+        ValueError: ``checkpoint.filename`` is ``last``, the resume checkpoint's name;
+            ``checkpoint.average_last`` < 0.
     """
     d = cfg.paths.checkpoints
     if cfg.checkpoint.filename == LAST:
         raise ValueError(f"checkpoint.filename={LAST} is reserved for the resume checkpoint; "
                          "choose another name, e.g. checkpoint.filename=final")
+    if cfg.checkpoint.average_last < 0:
+        raise ValueError(f"checkpoint.average_last={cfg.checkpoint.average_last}: give the number of "
+                         "last epochs to average (≥ 1), or 0 to keep the best checkpoint by monitor")
     kept = None
-    if cfg.checkpoint.monitor:
+    if cfg.checkpoint.monitor and not cfg.checkpoint.average_last:
         kept = ModelCheckpoint(dirpath=d, filename=cfg.checkpoint.filename, monitor=cfg.checkpoint.monitor,
                                mode=cfg.checkpoint.mode, save_top_k=1, enable_version_counter=False)
     resume = [ModelCheckpoint(dirpath=d, filename=LAST, every_n_epochs=1, enable_version_counter=False)]
@@ -102,7 +109,9 @@ def main(cfg: DictConfig) -> None:
         clear_plots(plots)  # a persistent DVC output: a fresh run starts it anew
     history = EpochHistoryLogger(plots / "history.csv", resume=resume is not None)
     kept, resume_checkpoints = checkpoint_callbacks(cfg)
-    callbacks = [*([kept] if kept else []), *resume_checkpoints, ResumeState(fingerprint, logger), *console.train_callbacks(cfg)]
+    averaging = WeightAveraging(cfg.checkpoint.average_last) if cfg.checkpoint.average_last else None
+    callbacks = [*([kept] if kept else []), *resume_checkpoints, ResumeState(fingerprint, logger),
+                 *([averaging] if averaging else []), *console.train_callbacks(cfg)]
     if cfg.model.task == "translation":
         callbacks.append(EpochHeatmaps(heatmap_sources(cfg), cfg.heatmaps.epoch_kinds,
                                        plots / "attention", logger))
@@ -121,8 +130,14 @@ def main(cfg: DictConfig) -> None:
         kept_note = (f"the last good checkpoint is {last} (the weights of the step before; resuming "
                      "them unchanged meets the same loss)") if last.exists() else "no checkpoint was written yet"
         raise NonFiniteLossError(f"{e}; training stopped, {kept_note}") from None
-    best_path = kept.best_model_path if kept else ""
-    if not best_path:  # no monitor, or stopped (max_steps) before any validation: the final weights
+    best_path, epochs = (kept.best_model_path if kept else ""), 0
+    if averaging:  # the mean of the last epochs' weights (Vaswani et al. 6.1)
+        epochs = averaging.apply(module)
+        log.info("kept checkpoint: the average of the weights after the last %d epoch(s)", epochs)
+        if epochs < averaging.n:
+            log.warning("checkpoint.average_last=%d but only %d epoch(s) ended: averaged those",
+                        averaging.n, epochs)
+    if not best_path:  # no monitor, averaged, or stopped before any validation: the final weights
         best_path = str(Path(cfg.paths.checkpoints) / f"{cfg.checkpoint.filename}.ckpt")
         trainer.save_checkpoint(best_path)
     log.info("rank %d: checkpoint %s (exists: %s)", trainer.global_rank, best_path, Path(best_path).exists())
@@ -134,7 +149,7 @@ def main(cfg: DictConfig) -> None:
     write_run_record(Path(cfg.paths.runs) / f"{cfg.model.name}.json", logger.run_id,
                      cfg.mlflow.tracking_uri, cfg.mlflow.experiment, best_path)
     (Path(cfg.paths.checkpoints) / f"{LAST}.ckpt").unlink(missing_ok=True)  # finished: nothing to resume
-    print(console.train_summary(cfg, trainer, logger, best_path))
+    print(console.train_summary(cfg, trainer, logger, best_path, averaged=epochs))
 
 
 if __name__ == "__main__":

@@ -84,7 +84,9 @@ def test_truncated_file_in_raw_is_replaced_by_a_verified_copy(mirror, tmp_path):
     dest = tmp_path / "raw" / rel
     dest.parent.mkdir(parents=True)
     dest.write_bytes((good / rel).read_bytes()[:50])  # an interrupted copy
-    fetch(rel, "http://unused.invalid/", {"sha256": [digests[rel]]}, tmp_path / "raw", mirror=str(good))
+    fetched = fetch(rel, "http://unused.invalid/", {"sha256": [digests[rel]]}, tmp_path / "raw",
+                    mirror=str(good))
+    assert fetched == (dest, True)  # the download stage reports it as fetched, not kept
     assert dest.read_bytes() == (good / rel).read_bytes()
     assert len(read_lines(dest)) == 40
 

@@ -17,6 +17,7 @@ import json
 import logging
 import os
 import re
+import subprocess
 import sys
 import warnings
 
@@ -26,6 +27,7 @@ from hydra import compose, initialize_config_dir
 
 from attnlab import console
 from attnlab.checkpoint import load_net
+from attnlab.lit.progress import RichBar
 from attnlab.tracking import read_run_record
 from tiny_train import ROOT, TINY, history, make_project, mlflow_client, runs, train
 
@@ -182,7 +184,7 @@ def test_progress_bar_shows_each_steps_loss_and_the_epochs_running_tokens_per_se
             seen[-1].update(loss=outputs["loss"].item(), bar=bar.get_metrics(trainer, pl_module))
 
     screen = io.StringIO()
-    bar = console.RichBar(console_kwargs={"file": screen, "force_terminal": True, "width": 300})
+    bar = RichBar(console_kwargs={"file": screen, "force_terminal": True, "width": 300})
     trainer = pl.Trainer(max_epochs=1, accelerator="cpu", devices=1, logger=False, limit_val_batches=0,
                          enable_checkpointing=False, enable_model_summary=False, callbacks=[bar, Record()])
     trainer.fit(module, datamodule)
@@ -310,3 +312,12 @@ def test_block_aligns_keys_and_mlflow_links_name_the_ui():
         ("run page", "http://127.0.0.1:5000/#/experiments/3/runs/abc")]
     assert console.mlflow_links("http://h:5000/", "3", "abc") == [
         ("run page", "http://h:5000/#/experiments/3/runs/abc")]
+
+
+def test_importing_the_console_does_not_import_lightning():
+    """download and tokenize use the console; Lightning (seconds to import) comes with
+    attnlab.lit.progress, which only train_callbacks imports."""
+    code = ("import sys, attnlab.console; "
+            "print(sorted(m for m in sys.modules if m.split('.')[0] in ('lightning', 'pytorch_lightning')))")
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert result.stdout == "[]\n"

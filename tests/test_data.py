@@ -26,7 +26,11 @@ def test_fetch_from_url_verifies_and_writes(tmp_path):
     src = tmp_path / "src.bin"
     src.write_bytes(b"hello")
     out = fetch("x/f.bin", src.as_uri(), {"sha256": [_digest(b"hello")]}, tmp_path / "raw", mirror="")
-    assert out.read_bytes() == b"hello"
+    assert out.path == tmp_path / "raw" / "x" / "f.bin" and out.downloaded
+    assert out.path.read_bytes() == b"hello"
+    # Called again, it keeps the verified copy and says so (the download stage's summary).
+    again = fetch("x/f.bin", src.as_uri(), {"sha256": [_digest(b"hello")]}, tmp_path / "raw", mirror="")
+    assert again == (out.path, False)
 
 
 def test_fetch_accepts_any_known_digest_algorithm(tmp_path):
@@ -34,7 +38,7 @@ def test_fetch_accepts_any_known_digest_algorithm(tmp_path):
     src.write_bytes(b"hello")
     sha1 = hashlib.sha1(b"hello").hexdigest()
     out = fetch("f.bin", src.as_uri(), {"sha256": ["0" * 64], "sha1": [sha1]}, tmp_path / "raw", mirror="")
-    assert out.exists()
+    assert out.downloaded and out.path.read_bytes() == b"hello"
 
 
 def test_corrupted_download_leaves_nothing_and_names_the_file(tmp_path):
@@ -52,7 +56,18 @@ def test_verified_file_is_not_fetched_again(tmp_path):
     (raw / "f.bin").write_bytes(b"hello")
     # The source does not exist: a fetch would fail, so success proves no fetch happened.
     out = fetch("f.bin", (tmp_path / "missing").as_uri(), {"sha256": [_digest(b"hello")]}, raw, mirror="")
-    assert out.read_bytes() == b"hello"
+    assert out == (raw / "f.bin", False)
+    assert out.path.read_bytes() == b"hello"
+
+
+def test_changed_file_is_fetched_again_and_reported_downloaded(tmp_path):
+    src, raw = tmp_path / "src.bin", tmp_path / "raw"
+    src.write_bytes(b"hello")
+    raw.mkdir()
+    (raw / "f.bin").write_bytes(b"hel")  # an interrupted copy: not one of the known digests
+    out = fetch("f.bin", src.as_uri(), {"sha256": [_digest(b"hello")]}, raw, mirror="")
+    assert out == (raw / "f.bin", True)
+    assert out.path.read_bytes() == b"hello"
 
 
 def test_offline_without_mirror_names_url_and_variable(tmp_path):
@@ -67,7 +82,7 @@ def test_mirror_is_used_and_missing_mirror_file_is_named(tmp_path):
     digests = write_mirror(mirror)
     out = fetch("fra-eng.zip", "http://unused.invalid/", {"sha256": [digests["fra-eng.zip"]]},
                 tmp_path / "raw", mirror=str(mirror))
-    assert out.read_bytes() == (mirror / "fra-eng.zip").read_bytes()
+    assert out.downloaded and out.path.read_bytes() == (mirror / "fra-eng.zip").read_bytes()
     with pytest.raises(DownloadError, match="nope.gz not found in the mirror"):
         fetch("nope.gz", "http://unused.invalid/", {"sha256": ["0"]}, tmp_path / "raw", mirror=str(mirror))
 
@@ -208,6 +223,31 @@ def test_token_budget_sampler_covers_every_pair_within_budget_and_reshuffles():
     assert list(TokenBudgetBatchSampler(lengths, 300, seed=3)) == e0  # reproducible
     with pytest.raises(ValueError, match="max_tokens"):
         TokenBudgetBatchSampler(lengths, 0)
+
+
+# Orders of both samplers for seed 5, epoch 2, as the code produced them before the shared
+# epoch logic moved into _EpochBatchSampler: a refactoring must not change a run's batches.
+PINNED_LENGTHS = [(i * 7) % 13 + 1 for i in range(23)]
+PINNED_ORDERS = {
+    ("bucket", True): [[8, 16, 9, 11], [12, 1, 3], [13, 0, 6, 19], [15, 21, 14, 5], [2, 17, 4, 10],
+                       [18, 7, 20, 22]],
+    ("bucket", False): [[0, 13, 2, 15], [4, 17, 6, 19], [8, 21, 10, 12], [1, 14, 3, 16], [5, 18, 7, 20],
+                        [9, 22, 11]],
+    ("token_budget", True): [[6, 19, 21, 8], [10, 12, 14], [18, 7], [9], [11], [20, 22], [3, 5],
+                             [13, 0, 15, 2, 17, 4], [1, 16]],
+    ("token_budget", False): [[0, 13, 2, 15, 4, 17], [6, 19, 8, 21], [10, 12, 1], [14, 3], [16, 5], [18, 7],
+                              [20, 9], [22], [11]],
+}
+
+
+@pytest.mark.parametrize("kind, shuffle", PINNED_ORDERS)
+def test_sampler_orders_for_a_fixed_seed_and_epoch_are_pinned(kind, shuffle):
+    from attnlab.data.batching import TokenBudgetBatchSampler
+    s = (BucketBatchSampler(PINNED_LENGTHS, batch_size=4, shuffle=shuffle, seed=5, pool_batches=2)
+         if kind == "bucket" else
+         TokenBudgetBatchSampler(PINNED_LENGTHS, max_tokens=24, shuffle=shuffle, seed=5))
+    s.set_epoch(2)
+    assert list(s) == PINNED_ORDERS[kind, shuffle]
 
 
 def test_padding_fraction_by_hand_and_token_budget_pads_less_than_random_batches():

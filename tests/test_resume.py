@@ -4,6 +4,7 @@ An uninterrupted run is the reference. A second run is killed (SIGTERM or SIGKIL
 right after its first mid-epoch `last.ckpt`; the same command then resumes it and
 must end with the reference's final validation loss (to 1e-6) and weights, in the
 same MLflow run. Two uninterrupted runs with the same seed give bit-identical metrics.
+Which config changes stop a resume is checked on the real conf/, composed with Hydra.
 """
 import csv
 import signal
@@ -12,6 +13,9 @@ import time
 
 import pytest
 import torch
+from hydra import compose, initialize_config_dir
+
+from attnlab.lit.resume import config_fingerprint
 
 from tiny_train import (ROOT, STEPS_PER_EPOCH, copy_project, env, history, make_project,
                         mlflow_client, runs, train, train_cmd)
@@ -102,3 +106,19 @@ def test_another_config_does_not_resume(reference, tmp_path):
     assert result.returncode == 0, result.stderr[-3000:]
     assert f"ignoring {last}: written with another config; starting afresh" in result.stdout
     assert len(runs(mlflow_client(root))) == 2  # a new MLflow run, the killed one left as it was
+
+
+def _fingerprint(*overrides):
+    with initialize_config_dir(config_dir=str(ROOT / "conf"), version_base="1.3"):
+        return config_fingerprint(compose(config_name="config",
+                                          overrides=["paths.root=/r", "model=transformer", *overrides]))
+
+
+def test_fingerprint_ignores_heatmaps_but_not_what_is_trained():
+    """heatmaps.* only picks the attention maps drawn: changing it between a kill and the
+    re-run still resumes. The batch size in tokens and the learning rate change the training."""
+    base = _fingerprint("heatmaps.sentences=[0,1,2]")
+    assert _fingerprint("heatmaps.sentences=[5]") == base
+    assert _fingerprint("heatmaps.sentences=[5]", "heatmaps.epoch_kinds=[alignment]") == base
+    assert _fingerprint("model.max_tokens=1200") != base
+    assert _fingerprint("optimizer.lr=0.002") != base

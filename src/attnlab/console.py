@@ -14,19 +14,17 @@ Every Hydra app in ``src/`` calls :func:`setup` first. Then:
 * **Progress**: on a terminal, Lightning's progress bar, with the step's ``loss`` and the epoch's
   running ``tokens/s`` (``attnlab.lit.translation``). When stdout is not a terminal (a log
   file, CI, ``dvc repro > log``) or the bar is off (``trainer.enable_progress_bar=false``),
-  :class:`EpochLines` prints one line per epoch instead, no carriage-return bar.
+  :class:`attnlab.lit.progress.EpochLines` prints one line per epoch instead, no
+  carriage-return bar.
 * **A summary** ends every stage: ``*_summary`` below, at most about 15 ASCII lines in a
   ``key : value`` layout.
 """
 from __future__ import annotations
 
-import functools
 import logging
-import math
 import os
 import re
 import sys
-import time
 import warnings
 from contextlib import contextmanager
 from pathlib import Path
@@ -200,132 +198,17 @@ class _LineFilter:
 
 
 # --- training progress --------------------------------------------------------------------
-# The callbacks subclass Lightning's classes, and importing Lightning takes seconds: they are
-# defined on first use (:func:`train_callbacks`, or ``from attnlab.console import EpochLines``),
-# so the stages that never train (download, tokenize) do not import it.
+# The callbacks are in attnlab.lit.progress: they subclass Lightning's classes, and importing
+# Lightning takes seconds, which the stages that never train (download, tokenize) are spared.
 
 # (logged metric, label, format): the numbers of an epoch line, as MLflow has them.
 EPOCH_COLUMNS = (("train_loss", "train_loss", ".4f"), ("val_loss", "val_loss", ".4f"),
                  ("val_bleu", "val_bleu", ".2f"), ("tokens_per_sec", "tokens/s", ".0f"))
 _VAL_KEYS = ("val_loss", "val_bleu")
-_CALLBACKS = ("EpochLines", "RichBar", "TqdmBar", "NoBar")
 
 
 def _scalar(v) -> float:
     return float(v.item() if hasattr(v, "item") else v)
-
-
-@functools.cache
-def _callback_classes() -> dict[str, type]:
-    from lightning.pytorch.callbacks import Callback, ProgressBar, RichProgressBar, TQDMProgressBar
-    from lightning.pytorch.utilities.model_summary import get_human_readable_count
-
-    class EpochLines(Callback):
-        """Prints one line per finished training epoch to stdout (global rank 0), e.g.::
-
-            epoch 2/10  train_loss 4.1234  val_loss 3.9876  val_bleu 12.34  tokens/s 51234  (41.2 s)
-
-        The numbers are the epoch's values as logged to MLflow (formats in
-        :data:`EPOCH_COLUMNS`; val_* only for an epoch that ran validation). An epoch's line
-        is printed once its ``tokens_per_sec`` exists, i.e. at the next epoch's start or at
-        the end of training; the seconds are wall time from the epoch's start to its end,
-        validation included. A first line gives the parameter count, steps per epoch, device.
-
-        Args:
-            name: the model's name, which starts the first line.
-        """
-
-        def __init__(self, name: str):
-            self.name = name
-            self._ended: tuple[int, float] | None = None
-            self._val: dict[str, float] = {}
-            self._start = time.perf_counter()
-
-        def on_train_start(self, trainer, pl_module) -> None:
-            self._start = time.perf_counter()
-            if not trainer.is_global_zero:
-                return
-            n = sum(p.numel() for p in pl_module.parameters())
-            params = f"{get_human_readable_count(n).replace(' ', '')} parameter{'' if n == 1 else 's'}"
-            device = trainer.strategy.root_device.type
-            if trainer.world_size > 1:
-                device = f"{trainer.world_size} x {device}"
-            steps = trainer.num_training_batches
-            steps = _count(steps, "step") if math.isfinite(steps) else "? steps"
-            epochs = "" if trainer.max_epochs in (None, -1) else f", max_epochs {trainer.max_epochs}"
-            resumed = f", resuming in epoch {trainer.current_epoch + 1}" if trainer.global_step else ""
-            print(f"{self.name}: {params} on {device}, {steps} per epoch{epochs}{resumed}", flush=True)
-
-        def on_train_epoch_start(self, trainer, pl_module) -> None:
-            self._flush(trainer)
-            self._start = time.perf_counter()
-
-        def on_validation_end(self, trainer, pl_module) -> None:
-            if trainer.sanity_checking:
-                return
-            metrics = trainer.callback_metrics
-            self._val = {k: _scalar(metrics[k]) for k in _VAL_KEYS if k in metrics}
-
-        def on_train_epoch_end(self, trainer, pl_module) -> None:
-            # Runs before LightningModule.on_train_epoch_end logs tokens_per_sec: print later.
-            self._ended = (trainer.current_epoch, time.perf_counter() - self._start)
-
-        def on_train_end(self, trainer, pl_module) -> None:
-            self._flush(trainer)
-
-        def _flush(self, trainer) -> None:
-            if self._ended is None:
-                return
-            epoch, seconds = self._ended
-            logged = trainer.logged_metrics
-            values = {k: _scalar(logged[k]) for k, _, _ in EPOCH_COLUMNS
-                      if k in logged and k not in _VAL_KEYS}
-            values.update(self._val)
-            self._ended, self._val = None, {}
-            if not trainer.is_global_zero:
-                return
-            of = "" if trainer.max_epochs in (None, -1) else f"/{trainer.max_epochs}"
-            cells = [f"{label} {values[k]:{fmt}}" for k, label, fmt in EPOCH_COLUMNS if k in values]
-            print("  ".join([f"epoch {epoch + 1}{of}", *cells, f"({seconds:.1f} s)"]), flush=True)
-
-    class RichBar(RichProgressBar):
-        """Lightning's Rich progress bar without ``v_num`` (a few characters of the MLflow run
-        id, which the summary prints whole)."""
-
-        def get_metrics(self, trainer, pl_module):
-            items = super().get_metrics(trainer, pl_module)
-            items.pop("v_num", None)
-            return items
-
-    class TqdmBar(TQDMProgressBar):
-        """Lightning's tqdm progress bar (where ``rich`` is not installed) without ``v_num``."""
-
-        def get_metrics(self, trainer, pl_module):
-            items = super().get_metrics(trainer, pl_module)
-            items.pop("v_num", None)
-            return items
-
-    class NoBar(ProgressBar):
-        """Takes the place of Lightning's default progress bar and draws nothing."""
-
-        def disable(self) -> None:
-            pass
-
-        def enable(self) -> None:
-            pass
-
-    classes = {"EpochLines": EpochLines, "RichBar": RichBar, "TqdmBar": TqdmBar, "NoBar": NoBar}
-    for name, cls in classes.items():  # importable (and picklable) as attnlab.console.<name>
-        cls.__qualname__, cls.__module__ = name, __name__
-    return classes
-
-
-def __getattr__(name: str):
-    """``EpochLines``, ``RichBar``, ``TqdmBar``, ``NoBar``: the Lightning callbacks, built on
-    first access (PEP 562)."""
-    if name in _CALLBACKS:
-        return _callback_classes()[name]
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 def train_callbacks(cfg) -> list:
@@ -334,7 +217,8 @@ def train_callbacks(cfg) -> list:
     On a terminal with ``trainer.enable_progress_bar`` true: Lightning's bar (Rich where
     installed; it shows ``loss`` and ``tokens/s``). Otherwise ``EpochLines``, plus a bar that
     draws nothing where Lightning would add its own. Under ``dvc repro`` (:func:`quiet`) also
-    ``ModelSummary(max_depth=0)``: no model summary table.
+    ``ModelSummary(max_depth=0)``: no model summary table. The classes are those of
+    :mod:`attnlab.lit.progress`.
 
     Args:
         cfg: the composed config (``trainer.enable_progress_bar``, ``model.name``).
@@ -342,15 +226,16 @@ def train_callbacks(cfg) -> list:
     from lightning.pytorch.callbacks import ModelSummary
     from lightning.pytorch.callbacks.progress.rich_progress import _RICH_AVAILABLE
 
-    classes = _callback_classes()
+    from attnlab.lit.progress import EpochLines, NoBar, RichBar, TqdmBar
+
     out = []
     bar = bool(cfg.trainer.get("enable_progress_bar", True))
     if bar and is_terminal():
-        out.append(classes["RichBar"]() if _RICH_AVAILABLE else classes["TqdmBar"]())
+        out.append(RichBar() if _RICH_AVAILABLE else TqdmBar())
     else:
-        out.append(classes["EpochLines"](cfg.model.name))
+        out.append(EpochLines(cfg.model.name))
         if bar:
-            out.append(classes["NoBar"]())
+            out.append(NoBar())
     if quiet():
         out.append(ModelSummary(max_depth=0))
     return out
@@ -427,7 +312,7 @@ def _val_rows(values: dict) -> list[tuple[str, str]]:
     return [(k, f"{values[k]:{fmt[k]}}") for k in _VAL_KEYS if k in values]
 
 
-def train_summary(cfg, trainer, logger, checkpoint: str | Path) -> str:
+def train_summary(cfg, trainer, logger, checkpoint: str | Path, averaged: int = 0) -> str:
     """The end-of-training summary: the kept checkpoint's epoch and val metrics, where it is,
     the MLflow run (id, name, artifact location) and how to open it.
 
@@ -438,6 +323,8 @@ def train_summary(cfg, trainer, logger, checkpoint: str | Path) -> str:
         logger: the run's :class:`attnlab.lit.logger.ResilientMLFlowLogger`. When its
             ``offline_reason`` is set MLflow is not queried: the values are the last epoch's.
         checkpoint: the kept checkpoint file.
+        averaged: how many last epochs' weights the kept checkpoint averages
+            (``checkpoint.average_last``); 0: it is the best (or last) epoch's.
     Returns:
         At most ~12 ASCII lines (no trailing newline). Never raises for MLflow trouble: a
         failed read becomes a note line.
@@ -447,7 +334,15 @@ def train_summary(cfg, trainer, logger, checkpoint: str | Path) -> str:
     rows: list[tuple[str, object]] = []
     notes: list[str] = []
     run = None
-    if logger.offline_reason is None:
+    if averaged:
+        end = trainer.current_epoch
+        rows.append(("kept", f"mean of the weights after epochs {end - averaged + 1}-{end} "
+                             f"(checkpoint.average_last={cfg.checkpoint.average_last})"))
+        try:
+            run = _client(uri).get_run(run_id) if logger.offline_reason is None else None
+        except Exception as e:  # noqa: BLE001 - a summary must not fail a finished run
+            notes.append(f"{name}: could not read the run back from MLflow ({_brief(e)})")
+    elif logger.offline_reason is None:
         try:
             client = _client(uri)
             run = client.get_run(run_id)

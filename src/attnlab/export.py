@@ -17,9 +17,7 @@ points baked in.
 from __future__ import annotations
 
 import json
-import os
 import shutil
-import tempfile
 import warnings
 from pathlib import Path
 from typing import Sequence
@@ -28,6 +26,7 @@ import torch
 from torch import nn
 
 from attnlab.decoding import encode_sources, translate_text
+from attnlab.files import staged_dir
 
 FORMAT_VERSION = 1
 # Longest source sentence a served/translated export accepts, in characters (Unicode code
@@ -71,27 +70,6 @@ def _trace(module: nn.Module, example: tuple) -> torch.jit.ScriptModule:
         return torch.jit.trace(module, example, check_trace=False)
 
 
-def _staging_dir(out_dir: Path) -> Path:
-    """An empty, world-readable folder beside ``out_dir`` to build the export in."""
-    out_dir.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.", dir=out_dir.parent))
-    os.chmod(tmp, 0o755)  # mkdtemp makes 0700
-    return tmp
-
-
-def _publish(tmp: Path, out_dir: Path) -> None:
-    """Replace ``out_dir`` by the finished ``tmp`` folder (never a half-written export)."""
-    out_dir = Path(out_dir)
-    if out_dir.exists():
-        old = out_dir.with_name(out_dir.name + ".old")
-        shutil.rmtree(old, ignore_errors=True)
-        os.replace(out_dir, old)
-        os.replace(tmp, out_dir)
-        shutil.rmtree(old)
-    else:
-        os.replace(tmp, out_dir)
-
-
 def _max_source_tokens(net: nn.Module) -> int | None:
     """Most source tokens (without <eos>) the net can encode: its positional table − 1, or None."""
     table = getattr(getattr(net, "pos_encoding", None), "P", None)
@@ -126,18 +104,16 @@ def export_translation(net: nn.Module, tokenizer_path: Path, out_dir: Path, conf
     sp = spm.SentencePieceProcessor(model_file=str(tokenizer_path))
     src, valid = encode_sources(sp, ["a first example sentence .", "two"])
     out_dir = Path(out_dir)
-    tmp = _staging_dir(out_dir)
-    with torch.no_grad():
+    with staged_dir(out_dir) as tmp, torch.no_grad():
         state = net.init_state(src, valid)
         ys = torch.full((src.shape[0], 3), 4, dtype=torch.long)
         _trace(_InitState(net), (src, valid)).save(str(tmp / "init_state.pt"))
         _trace(_Step(net), (ys, *state)).save(str(tmp / "step.pt"))
-    shutil.copy(tokenizer_path, tmp / "spm.model")
-    serving = {"max_input_chars": int(max_input_chars), "max_input_tokens": _max_source_tokens(net)}
-    (tmp / "config.json").write_text(json.dumps(
-        {"format_version": FORMAT_VERSION, "task": "translation", **config, "serving": serving},
-        indent=2))
-    _publish(tmp, out_dir)
+        shutil.copy(tokenizer_path, tmp / "spm.model")
+        serving = {"max_input_chars": int(max_input_chars), "max_input_tokens": _max_source_tokens(net)}
+        (tmp / "config.json").write_text(json.dumps(
+            {"format_version": FORMAT_VERSION, "task": "translation", **config, "serving": serving},
+            indent=2))
     return out_dir
 
 
@@ -145,13 +121,12 @@ def export_regression(net: nn.Module, x_train: torch.Tensor, y_train: torch.Tens
                       out_dir: Path, config: dict) -> Path:
     """Trace a NW model with its training points as keys/values into ``out_dir/model.pt``."""
     out_dir = Path(out_dir)
-    tmp = _staging_dir(out_dir)
     predictor = _NWPredictor(net.eval(), x_train, y_train)
-    with torch.no_grad():
-        _trace(predictor, (x_train[:3].clone(),)).save(str(tmp / "model.pt"))
-    (tmp / "config.json").write_text(json.dumps(
-        {"format_version": FORMAT_VERSION, "task": "regression", **config}, indent=2))
-    _publish(tmp, out_dir)
+    with staged_dir(out_dir) as tmp:
+        with torch.no_grad():
+            _trace(predictor, (x_train[:3].clone(),)).save(str(tmp / "model.pt"))
+        (tmp / "config.json").write_text(json.dumps(
+            {"format_version": FORMAT_VERSION, "task": "regression", **config}, indent=2))
     return out_dir
 
 

@@ -37,7 +37,6 @@ import json
 import logging
 import os
 import re
-import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -46,6 +45,8 @@ from hydra.core.utils import JobReturn, JobStatus
 from hydra.experimental.callback import Callback
 from hydra.types import RunMode
 from omegaconf import DictConfig, OmegaConf
+
+from attnlab.files import write_json_atomic, write_json_exclusive
 
 log = logging.getLogger(__name__)
 
@@ -160,8 +161,6 @@ def write_sweep_info(sweep_dir: Path, config: DictConfig) -> Path:
     ``hydra.sweeper.params`` as ``key=values`` strings, and the keys they sweep."""
     from hydra.core.override_parser.overrides_parser import OverridesParser
 
-    from attnlab.files import write_json_atomic
-
     overrides = list(config.hydra.overrides.task)
     params = config.hydra.sweeper.get("params")  # None, or {key: values} (basic sweeper)
     params = OmegaConf.to_container(params, resolve=False) if isinstance(params, DictConfig) else {}
@@ -225,21 +224,12 @@ def read_parents(sweep_dir: Path) -> list[dict]:
 def _create_once(path: Path, record: dict) -> dict:
     """Write ``record`` as JSON to ``path`` unless it exists; return what ``path`` holds.
 
-    Atomic for concurrent jobs: the complete file is hard-linked into place, and
-    ``os.link`` fails when ``path`` exists (``os.replace`` would overwrite it).
+    Safe for concurrent jobs: exactly one creates the file, the others read it
+    (:func:`attnlab.files.write_json_exclusive`).
     """
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            json.dump(record, f, indent=2, sort_keys=True)
-        os.chmod(tmp, 0o644)
-        try:
-            os.link(tmp, path)
-        except FileExistsError:
-            return json.loads(path.read_text())
+    if write_json_exclusive(path, record):
         return record
-    finally:
-        os.unlink(tmp)
+    return json.loads(path.read_text())
 
 
 def _experiment_id(client, name: str, artifact_location: str | None) -> str:

@@ -60,18 +60,22 @@ class _EpochBatchSampler(Sampler[list[int]]):
     """Base of the batch samplers below: a fixed batch list per (seed, epoch), sharded over
     DDP ranks, resumable mid-epoch.
 
-    Subclasses implement :meth:`_epoch_batches` (all batches of one epoch, the same on
-    every rank). With ``num_replicas`` > 1 the list is padded by wrapping around to a
+    An epoch's batches (the same on every rank): the pair indices, shuffled by
+    ``random.Random(seed + epoch)`` when ``shuffle`` is set, cut into batches by the
+    subclass's :meth:`_cut`, then (``shuffle``) put in a random order by the same
+    generator. Subclasses also implement :meth:`_num_epoch_batches`. With
+    ``num_replicas`` > 1 the list is padded by wrapping around to a
     multiple of ``num_replicas`` (as ``DistributedSampler`` does) and rank r takes
     batches r, r + num_replicas, …, so every rank runs the same number of steps.
     ``skip`` batches of the next epoch are left out once (set by
     :class:`attnlab.data.datamodule.ResumableDataLoader` when a run resumes mid-epoch).
     """
 
-    def __init__(self, shuffle: bool, seed: int, num_replicas: int = 1, rank: int = 0):
+    def __init__(self, lengths: list[int], shuffle: bool, seed: int, num_replicas: int = 1,
+                 rank: int = 0):
         if not 0 <= rank < num_replicas:
             raise ValueError(f"rank must be in [0, {num_replicas}), got {rank}")
-        self.shuffle, self.seed = shuffle, seed
+        self.lengths, self.shuffle, self.seed = lengths, shuffle, seed
         self.num_replicas, self.rank = num_replicas, rank
         self.epoch = 0
         self.skip = 0
@@ -80,6 +84,16 @@ class _EpochBatchSampler(Sampler[list[int]]):
         self.epoch = epoch
 
     def _epoch_batches(self, rng: random.Random) -> list[list[int]]:
+        order = list(range(len(self.lengths)))
+        if self.shuffle:
+            rng.shuffle(order)
+        batches = self._cut(order)
+        if self.shuffle:
+            rng.shuffle(batches)
+        return batches
+
+    def _cut(self, order: list[int]) -> list[list[int]]:
+        """The batches of one epoch from the pair indices in ``order`` (shuffled or not)."""
         raise NotImplementedError
 
     def _num_epoch_batches(self) -> int:
@@ -107,23 +121,16 @@ class BucketBatchSampler(_EpochBatchSampler):
 
     def __init__(self, lengths: list[int], batch_size: int, shuffle: bool = True,
                  seed: int = 0, pool_batches: int = 50, num_replicas: int = 1, rank: int = 0):
-        super().__init__(shuffle, seed, num_replicas, rank)
-        self.lengths = lengths
+        super().__init__(lengths, shuffle, seed, num_replicas, rank)
         self.batch_size = batch_size
         self.pool = batch_size * pool_batches
 
-    def _epoch_batches(self, rng):
-        order = list(range(len(self.lengths)))
-        if self.shuffle:
-            rng.shuffle(order)
-        else:
-            self.pool = len(order) or 1
+    def _cut(self, order):
+        size = self.pool if self.shuffle else len(order) or 1  # unshuffled: one pool, all sorted
         batches = []
-        for p in range(0, len(order), self.pool):
-            pool = sorted(order[p : p + self.pool], key=lambda i: self.lengths[i])
+        for p in range(0, len(order), size):
+            pool = sorted(order[p : p + size], key=lambda i: self.lengths[i])
             batches += [pool[i : i + self.batch_size] for i in range(0, len(pool), self.batch_size)]
-        if self.shuffle:
-            rng.shuffle(batches)
         return batches
 
     def _num_epoch_batches(self):
@@ -175,20 +182,14 @@ class TokenBudgetBatchSampler(_EpochBatchSampler):
                  num_replicas: int = 1, rank: int = 0):
         if max_tokens < 1:
             raise ValueError(f"max_tokens must be ≥ 1, got {max_tokens}")
-        super().__init__(shuffle, seed, num_replicas, rank)
-        self.lengths, self.max_tokens = lengths, max_tokens
+        super().__init__(lengths, shuffle, seed, num_replicas, rank)
+        self.max_tokens = max_tokens
         # Ties do not change the sorted lengths, so every epoch has this many batches.
         self._num_batches = len(token_budget_batches(lengths, max_tokens))
 
-    def _epoch_batches(self, rng):
-        order = list(range(len(self.lengths)))
-        if self.shuffle:
-            rng.shuffle(order)
+    def _cut(self, order):
         order.sort(key=self.lengths.__getitem__)  # stable: ties keep the shuffled order
-        batches = token_budget_batches(self.lengths, self.max_tokens, order)
-        if self.shuffle:
-            rng.shuffle(batches)
-        return batches
+        return token_budget_batches(self.lengths, self.max_tokens, order)
 
     def _num_epoch_batches(self):
         return self._num_batches

@@ -18,6 +18,7 @@ import tempfile
 import urllib.error
 import urllib.request
 from pathlib import Path
+from typing import NamedTuple
 
 MIRROR_ENV = "ATTNLAB_DATA_MIRROR"
 
@@ -74,9 +75,16 @@ def _copy(stream, out, what: str) -> None:
         out.write(chunk)
 
 
+class Fetched(NamedTuple):
+    """What :func:`fetch` did: the verified file, and whether it was written now
+    (``False``: a verified copy was there already and was kept)."""
+    path: Path
+    downloaded: bool
+
+
 def fetch(relpath: str, url: str, digests: dict[str, list[str]], dest_root: Path,
-          mirror: str | None = None) -> Path:
-    """Make ``dest_root/relpath`` a verified copy of the source; return its path.
+          mirror: str | None = None) -> Fetched:
+    """Make ``dest_root/relpath`` a verified copy of the source.
 
     Args:
         relpath: path under the raw-data root and under the mirror, e.g. ``multi30k/train.en.gz``.
@@ -85,6 +93,9 @@ def fetch(relpath: str, url: str, digests: dict[str, list[str]], dest_root: Path
             (a source may have several known versions).
         dest_root: raw-data root, e.g. ``data/raw``.
         mirror: mirror folder; defaults to ``$ATTNLAB_DATA_MIRROR``.
+    Returns:
+        :class:`Fetched`: the file's path, and ``downloaded``: ``True`` if it was written
+        now (it was missing, or did not match ``digests``), ``False`` if kept.
     Raises:
         DownloadError: unreachable source (names the URL and the variable); a
             transfer cut short; or a digest not in ``digests``, e.g. a truncated
@@ -94,7 +105,7 @@ def fetch(relpath: str, url: str, digests: dict[str, list[str]], dest_root: Path
     mirror = os.environ.get(MIRROR_ENV) if mirror is None else mirror
     dest = Path(dest_root) / relpath
     if dest.exists() and verified(dest, digests)[0]:
-        return dest
+        return Fetched(dest, downloaded=False)
     dest.parent.mkdir(parents=True, exist_ok=True)
     stream, origin = _open_source(relpath, url, mirror)
     fd, tmp = tempfile.mkstemp(prefix=f".{dest.name}.", suffix=".part", dir=dest.parent)
@@ -114,4 +125,4 @@ def fetch(relpath: str, url: str, digests: dict[str, list[str]], dest_root: Path
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
-    return dest
+    return Fetched(dest, downloaded=True)

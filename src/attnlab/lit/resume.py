@@ -22,8 +22,8 @@ from omegaconf import DictConfig, OmegaConf
 LAST = "last"
 
 # Config keys that do not change what is trained: where files go, the tracking store,
-# how often the resume checkpoint is written, console output.
-_IGNORED = ("paths", "mlflow", "hydra")
+# which attention maps are drawn, how often the resume checkpoint is written, console output.
+_IGNORED = ("paths", "mlflow", "hydra", "heatmaps")
 _IGNORED_NESTED = (("checkpoint", "every_n_train_steps"), ("trainer", "enable_progress_bar"))
 
 

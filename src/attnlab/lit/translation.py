@@ -8,10 +8,10 @@ import lightning.pytorch as pl
 import torch
 import torch.distributed as dist
 from hydra.utils import instantiate
-from torch.nn import functional as F
 
 from attnlab.data.tokenizer import PAD_ID
 from attnlab.decoding import translate_text
+from attnlab.loss import sequence_loss
 from attnlab.metrics import corpus_scores
 
 
@@ -66,9 +66,7 @@ class TranslationModule(pl.LightningModule):
         return self.net(src, src_valid_lens, tgt_in)
 
     def _loss(self, batch, smoothing):
-        logits = self.net(batch["src"], batch["src_valid_lens"], batch["tgt_in"])  # (B, T, V)
-        return F.cross_entropy(logits.float().flatten(0, 1), batch["tgt_out"].flatten(),
-                               ignore_index=PAD_ID, label_smoothing=smoothing)
+        return sequence_loss(self.net, batch, smoothing)
 
     def training_step(self, batch, batch_idx):
         loss = self._loss(batch, self.hparams.label_smoothing)

@@ -75,7 +75,8 @@ class Bahdanau(nn.Module):
                 self.attention.project_keys(enc_outputs))
 
     def _decode(self, tgt_in, enc_outputs, src_valid_lens, hidden, proj_keys, record=False):
-        """Run the decoder over tgt_in (B, T); returns logits (B, T, V), hidden, weights (B, T, S)."""
+        """Run the decoder over tgt_in (B, T); returns the output layer's inputs (B, T, h)
+        (after dropout), hidden, weights (B, T, S)."""
         X = self.dropout(self.embedding(tgt_in))  # (B, T, e)
         outputs, weights = [], []
         for t in range(X.shape[1]):
@@ -87,26 +88,36 @@ class Bahdanau(nn.Module):
             outputs.append(out)
             if record:
                 weights.append(self.attention.attention_weights)
-        logits = self.dense(self.dropout(torch.cat(outputs, dim=1)))  # (B, T, V)
-        return logits, hidden, (torch.cat(weights, dim=1) if record else None)
+        features = self.dropout(torch.cat(outputs, dim=1))  # (B, T, h)
+        return features, hidden, (torch.cat(weights, dim=1) if record else None)
 
     def _start(self, src, src_valid_lens):
         """init_state with the hidden state in the GRU's (L, B, h) layout."""
         enc_outputs, valid, hidden, proj_keys = self.init_state(src, src_valid_lens)
         return enc_outputs, valid, hidden.transpose(0, 1).contiguous(), proj_keys
 
+    def features(self, src, src_valid_lens, tgt_in):
+        """Teacher-forced inputs of the output layer (B, T, h): ``forward`` is
+        ``self.output_layer(features(...))`` (see :func:`attnlab.loss.linear_cross_entropy`)."""
+        return self._decode(tgt_in, *self._start(src, src_valid_lens))[0]
+
+    @property
+    def output_layer(self) -> nn.Linear:
+        """The output projection h → V."""
+        return self.dense
+
     def forward(self, src, src_valid_lens, tgt_in):
         """Teacher-forced logits (B, T, V) for source (B, S) and shifted target (B, T)."""
-        return self._decode(tgt_in, *self._start(src, src_valid_lens))[0]
+        return self.dense(self.features(src, src_valid_lens, tgt_in))
 
     def step(self, ys, enc_outputs, src_valid_lens, hidden, proj_keys):
         """Logits (B, V) of the next token after prefix ``ys`` (B, T) and the new state.
 
         The GRU state is the cache: only ``ys[:, -1]`` is computed.
         """
-        logits, hidden, _ = self._decode(ys[:, -1:], enc_outputs, src_valid_lens,
-                                         hidden.transpose(0, 1).contiguous(), proj_keys)
-        return (logits[:, -1], enc_outputs, src_valid_lens, hidden.transpose(0, 1), proj_keys)
+        features, hidden, _ = self._decode(ys[:, -1:], enc_outputs, src_valid_lens,
+                                           hidden.transpose(0, 1).contiguous(), proj_keys)
+        return (self.dense(features[:, -1]), enc_outputs, src_valid_lens, hidden.transpose(0, 1), proj_keys)
 
     def attention_maps(self, src, src_valid_lens, tgt_in):
         """Target-by-source alignment of a teacher-forced pass: {"alignment": [(B, 1, T, S)]}."""

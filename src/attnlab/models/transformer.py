@@ -130,9 +130,20 @@ class Transformer(nn.Module):
         """tgt_in (B, T) int64 (starts with <bos>) → logits (B, T, V), teacher forcing."""
         return self.output(self.decoder_states(tgt_in, enc_outputs, src_valid_lens, need_weights))
 
+    def features(self, src, src_valid_lens, tgt_in):
+        """Teacher-forced inputs of the output layer (B, T, d_model): ``forward`` is
+        ``self.output_layer(features(...))``; training scores them with
+        :func:`attnlab.loss.linear_cross_entropy` without materializing all logits."""
+        return self.decoder_states(tgt_in, self.encode(src, src_valid_lens), src_valid_lens)
+
+    @property
+    def output_layer(self) -> nn.Linear:
+        """The output projection d_model → V (its weight is the tied embedding)."""
+        return self.output
+
     def forward(self, src, src_valid_lens, tgt_in):
         """Teacher-forced logits (B, T, V) for source (B, S) and shifted target (B, T)."""
-        return self.decode(tgt_in, self.encode(src, src_valid_lens), src_valid_lens)
+        return self.output(self.features(src, src_valid_lens, tgt_in))
 
     # --- decoding interface shared with Bahdanau (see attnlab.decoding) ---
     def init_state(self, src, src_valid_lens):

@@ -1,0 +1,172 @@
+"""attnlab.files: atomic writes, create-exclusive JSON (with and without hard links), staged folders."""
+import errno
+import json
+import os
+import stat
+from concurrent.futures import ThreadPoolExecutor
+
+import pytest
+
+from attnlab import files
+from attnlab.files import staged_dir, write_json_atomic, write_json_exclusive
+
+
+def _no_hard_links(monkeypatch):
+    """os.link as on a file system without hard links (some FUSE, SMB, FAT mounts): EPERM."""
+    def refuse(src, dst, *args, **kwargs):
+        raise PermissionError(errno.EPERM, "Operation not permitted", str(src))
+    monkeypatch.setattr(files.os, "link", refuse)
+
+
+@pytest.fixture(params=["hard links", "no hard links"])
+def links(request, monkeypatch):
+    """Run a test on a file system with hard links, and on one without."""
+    if request.param == "no hard links":
+        _no_hard_links(monkeypatch)
+    return request.param
+
+
+def _mode(path) -> int:
+    return stat.S_IMODE(path.stat().st_mode)
+
+
+# --- write_json_atomic / write_json_exclusive ----------------------------------
+
+def test_write_json_atomic_replaces_and_leaves_no_temp_file(tmp_path):
+    path = tmp_path / "sub" / "r.json"
+    write_json_atomic(path, {"b": 1, "a": [1, 2]})
+    write_json_atomic(path, {"run_id": "x"})
+    assert path.read_text() == '{\n  "run_id": "x"\n}\n'  # indented, key-sorted, one newline
+    assert [p.name for p in path.parent.iterdir()] == ["r.json"]
+
+
+def test_exclusive_write_creates_once_and_keeps_the_first_content(tmp_path, links):
+    path = tmp_path / "sub" / "parent.json"
+    assert write_json_exclusive(path, {"run_id": "first"}) is True
+    assert write_json_exclusive(path, {"run_id": "second"}) is False
+    # The same bytes write_json_atomic writes, readable by all (0644) as those files are.
+    assert path.read_text() == '{\n  "run_id": "first"\n}\n'
+    assert _mode(path) == 0o644
+    assert [p.name for p in path.parent.iterdir()] == ["parent.json"]  # no temp file left
+
+
+def test_exclusive_write_has_exactly_one_winner_among_racing_writers(tmp_path, links):
+    path = tmp_path / "parent.json"
+    with ThreadPoolExecutor(8) as pool:
+        created = list(pool.map(lambda n: write_json_exclusive(path, {"n": n}), range(16)))
+    assert created.count(True) == 1
+    assert json.loads(path.read_text()) == {"n": created.index(True)}
+    assert [p.name for p in tmp_path.iterdir()] == ["parent.json"]
+
+
+def test_second_creator_reads_the_first_record(tmp_path, links):
+    from attnlab.sweep import _create_once
+
+    path = tmp_path / "mlflow-parent-x.json"
+    assert _create_once(path, {"run_id": "run1"}) == {"run_id": "run1"}
+    assert _create_once(path, {"run_id": "run2"}) == {"run_id": "run1"}
+    assert [p.name for p in tmp_path.iterdir()] == [path.name]
+
+
+def test_the_fallback_is_used_only_where_hard_links_fail(tmp_path, monkeypatch):
+    """EEXIST from os.link means "another process was first", not "no hard links"."""
+    path = tmp_path / "parent.json"
+    path.write_text("{}")
+    real_open, opened = os.open, []
+
+    def spy(file, *args, **kwargs):
+        opened.append(os.fspath(file))
+        return real_open(file, *args, **kwargs)
+    monkeypatch.setattr(files.os, "open", spy)
+    assert write_json_exclusive(path, {"run_id": "late"}) is False
+    assert str(path) not in opened and path.read_text() == "{}"
+    assert len(opened) == 1  # the temp file's (mkstemp), so the spy sees os.open calls
+
+
+def test_a_failed_fallback_write_leaves_no_file(tmp_path, monkeypatch):
+    _no_hard_links(monkeypatch)
+    path = tmp_path / "parent.json"
+
+    def full_disk(fd):
+        raise OSError(errno.ENOSPC, "No space left on device")
+    monkeypatch.setattr(files.os, "fsync", full_disk)
+    with pytest.raises(OSError, match="No space left"):
+        write_json_exclusive(path, {"run_id": "x"})
+    assert list(tmp_path.iterdir()) == []
+
+
+# --- staged_dir -----------------------------------------------------------------
+
+def _tree(root) -> dict[str, bytes | None]:
+    """Every path under ``root`` (relative) -> its bytes, ``None`` for a folder."""
+    return {str(p.relative_to(root)): (None if p.is_dir() else p.read_bytes())
+            for p in sorted(root.rglob("*"))}
+
+
+@pytest.fixture
+def old_out(tmp_path):
+    out = tmp_path / "tokenized" / "multi30k-en-fr"
+    (out / "sub").mkdir(parents=True)
+    (out / "spm.model").write_bytes(b"\x00old model")
+    (out / "sub" / "stats.json").write_text('{"old": true}\n')
+    return out
+
+
+def test_staged_dir_replaces_the_old_folder_on_success(old_out):
+    with staged_dir(old_out) as tmp:
+        assert tmp.parent == old_out.parent and tmp != old_out and list(tmp.iterdir()) == []
+        assert _mode(tmp) == 0o755
+        assert (old_out / "spm.model").exists()  # the old folder stays until the new one is done
+        (tmp / "spm.model").write_bytes(b"new model")
+    assert _tree(old_out) == {"spm.model": b"new model"}
+    assert _mode(old_out) == 0o755
+    assert [p.name for p in old_out.parent.iterdir()] == [old_out.name]  # no temp or .old folder
+
+
+def test_staged_dir_creates_a_missing_folder_and_its_parents(tmp_path):
+    out = tmp_path / "a" / "b"
+    with staged_dir(out) as tmp:
+        (tmp / "x.txt").write_text("x")
+    assert _tree(out) == {"x.txt": b"x"}
+    assert [p.name for p in out.parent.iterdir()] == ["b"]
+
+
+def test_staged_dir_error_leaves_the_old_folder_byte_identical(old_out):
+    before = _tree(old_out)
+    with pytest.raises(SystemExit, match="tokenize failed"):
+        with staged_dir(old_out) as tmp:
+            (tmp / "spm.model").write_bytes(b"half")
+            raise SystemExit("tokenize failed: ...")
+    assert _tree(old_out) == before
+    assert [p.name for p in old_out.parent.iterdir()] == [old_out.name]  # no temp folder behind
+
+
+def test_staged_dir_puts_the_old_folder_back_if_the_new_cannot_take_its_place(old_out, monkeypatch):
+    before = _tree(old_out)
+    real_rename, calls = os.rename, []
+
+    def rename(src, dst):
+        calls.append((src, dst))
+        if len(calls) == 2:  # 1: old aside, 2: new into place
+            raise OSError(errno.EIO, "Input/output error")
+        real_rename(src, dst)
+    monkeypatch.setattr(files.os, "rename", rename)
+    with pytest.raises(OSError, match="Input/output"):
+        with staged_dir(old_out) as tmp:
+            (tmp / "spm.model").write_bytes(b"new model")
+    assert len(calls) == 3  # the third put the old folder back
+    assert _tree(old_out) == before
+    assert [p.name for p in old_out.parent.iterdir()] == [old_out.name]
+
+
+def test_staged_dir_replaces_a_link_not_what_it_points_to(tmp_path):
+    target = tmp_path / "elsewhere"
+    target.mkdir()
+    (target / "keep.txt").write_text("keep")
+    out = tmp_path / "models" / "transformer"
+    out.parent.mkdir()
+    out.symlink_to(target, target_is_directory=True)
+    with staged_dir(out) as tmp:
+        (tmp / "config.json").write_text("{}")
+    assert not out.is_symlink() and _tree(out) == {"config.json": b"{}"}
+    assert _tree(target) == {"keep.txt": b"keep"}
