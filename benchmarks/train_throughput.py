@@ -12,6 +12,9 @@ own loss (:func:`attnlab.loss.sequence_loss`, the output layer and
 cross-entropy in chunks, never all (B, T, V) logits at once), the peer with
 ``F.cross_entropy`` over all logits. ``--logits-loss`` (default on) also times
 attnlab's model with the peer's loss, separating the model from the loss.
+Under bf16 autocast attnlab's output layer stays in float32 (inside
+:func:`attnlab.loss.linear_cross_entropy`) while the peer's runs in bf16, so
+the bf16 figures are not like for like; the peak RSS covers all the models.
 
 Reported: target tokens/s of each (the non-pad target tokens of the timed
 batches / wall time), their ratios, peak RSS of the process, model FLOP
@@ -211,8 +214,9 @@ def main() -> None:
         if "attnlab_logits_loss" in models:
             result[f"attnlab_logits_loss_vs_peer_{precision}"] = elapsed["peer"] / elapsed["attnlab_logits_loss"]
         print(f"{precision}: attnlab {result[f'attnlab_{precision}']:.0f} tok/s, "
-              f"peer {result[f'peer_{precision}']:.0f} tok/s, ratio {result[f'attnlab_vs_peer_{precision}']:.2f}",
-              flush=True)
+              f"peer {result[f'peer_{precision}']:.0f} tok/s, ratio {result[f'attnlab_vs_peer_{precision}']:.2f}"
+              + (f"; attnlab's model with the peer's loss {result[f'attnlab_logits_loss_{precision}']:.0f} tok/s"
+                 if "attnlab_logits_loss" in models else ""), flush=True)
     if a.bf16_steps >= 1:
         result["bf16_vs_fp32_attnlab"] = result["attnlab_bf16"] / result["attnlab_fp32"]
         result["bf16_vs_fp32_peer"] = result["peer_bf16"] / result["peer_fp32"]

@@ -130,13 +130,16 @@ def main(cfg: DictConfig) -> None:
         kept_note = (f"the last good checkpoint is {last} (the weights of the step before; resuming "
                      "them unchanged meets the same loss)") if last.exists() else "no checkpoint was written yet"
         raise NonFiniteLossError(f"{e}; training stopped, {kept_note}") from None
-    best_path, epochs = (kept.best_model_path if kept else ""), 0
-    if averaging:  # the mean of the last epochs' weights (Vaswani et al. 6.1)
-        epochs = averaging.apply(module)
-        log.info("kept checkpoint: the average of the weights after the last %d epoch(s)", epochs)
-        if epochs < averaging.n:
+    best_path, averaged = (kept.best_model_path if kept else ""), []
+    if averaging and not averaging.snapshots:
+        log.warning("checkpoint.average_last=%d but no epoch ended (max_steps?): keeping the "
+                    "final weights", averaging.n)
+    elif averaging:  # the mean of the last epochs' weights (Vaswani et al. 6.1)
+        averaged = averaging.apply(module)
+        log.info("kept checkpoint: the mean of the weights after epochs %s", averaged)
+        if len(averaged) < averaging.n:
             log.warning("checkpoint.average_last=%d but only %d epoch(s) ended: averaged those",
-                        averaging.n, epochs)
+                        averaging.n, len(averaged))
     if not best_path:  # no monitor, averaged, or stopped before any validation: the final weights
         best_path = str(Path(cfg.paths.checkpoints) / f"{cfg.checkpoint.filename}.ckpt")
         trainer.save_checkpoint(best_path)
@@ -149,7 +152,7 @@ def main(cfg: DictConfig) -> None:
     write_run_record(Path(cfg.paths.runs) / f"{cfg.model.name}.json", logger.run_id,
                      cfg.mlflow.tracking_uri, cfg.mlflow.experiment, best_path)
     (Path(cfg.paths.checkpoints) / f"{LAST}.ckpt").unlink(missing_ok=True)  # finished: nothing to resume
-    print(console.train_summary(cfg, trainer, logger, best_path, averaged=epochs))
+    print(console.train_summary(cfg, trainer, logger, best_path, averaged=averaged))
 
 
 if __name__ == "__main__":

@@ -118,3 +118,48 @@ def test_bad_input_is_named():
         linear_cross_entropy(h, w, None, y, 1.0)
     with pytest.raises(ValueError, match="chunk_size"):
         linear_cross_entropy(h, w, None, y, 0.1, chunk_size=0)
+
+
+def _mm_calls(fn) -> int:
+    from torch.profiler import profile
+
+    with profile() as prof:
+        fn()
+    return sum(e.count for e in prof.key_averages() if e.key in ("aten::mm", "aten::addmm", "aten::addmm_"))
+
+
+@pytest.mark.parametrize("mode", [torch.no_grad, torch.inference_mode])
+def test_without_grad_only_the_logits_are_computed(mode):
+    """Validation runs under inference mode: one matmul per chunk (the logits), none for gradients."""
+    g = torch.Generator().manual_seed(2)
+    h = torch.randn(40, 8, generator=g, requires_grad=True)
+    w = torch.randn(12, 8, generator=g, requires_grad=True)
+    y = torch.randint(0, 12, (40,), generator=g)
+    want = F.cross_entropy(F.linear(h, w), y, label_smoothing=0.1)
+    with mode():
+        assert _mm_calls(lambda: linear_cross_entropy(h, w, None, y, 0.1, chunk_size=16)) == 3
+        got = linear_cross_entropy(h, w, None, y, 0.1, chunk_size=16)
+    torch.testing.assert_close(got, want.detach(), rtol=1e-6, atol=1e-6)
+    # with gradients: logits, grad_h and grad_w per chunk
+    assert _mm_calls(lambda: linear_cross_entropy(h, w, None, y, 0.1, chunk_size=16)) == 9
+
+
+def test_upstream_gradient_scale_and_a_frozen_weight():
+    g = torch.Generator().manual_seed(3)
+    h = torch.randn(10, 4, generator=g, requires_grad=True)
+    w = torch.randn(6, 4, generator=g)  # frozen: no gradient wanted
+    y = torch.randint(0, 6, (10,), generator=g)
+    (3.0 * linear_cross_entropy(h, w, None, y, 0.1, chunk_size=3)).backward()
+    (want,) = torch.autograd.grad(3.0 * F.cross_entropy(F.linear(h, w), y, label_smoothing=0.1), h)
+    torch.testing.assert_close(h.grad, want, rtol=1e-5, atol=1e-7)
+    assert w.grad is None
+
+
+def test_no_tokens_gives_nan_loss_and_zero_gradients_like_torch():
+    h = torch.zeros(0, 4, requires_grad=True)
+    w = torch.randn(6, 4, requires_grad=True)
+    loss = linear_cross_entropy(h, w, None, torch.zeros(0, dtype=torch.long), 0.1)
+    ref = F.cross_entropy(F.linear(h, w), torch.zeros(0, dtype=torch.long), label_smoothing=0.1)
+    assert math.isnan(loss.item()) and math.isnan(ref.item())
+    loss.backward()
+    assert torch.count_nonzero(w.grad) == 0

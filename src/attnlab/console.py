@@ -312,7 +312,7 @@ def _val_rows(values: dict) -> list[tuple[str, str]]:
     return [(k, f"{values[k]:{fmt[k]}}") for k in _VAL_KEYS if k in values]
 
 
-def train_summary(cfg, trainer, logger, checkpoint: str | Path, averaged: int = 0) -> str:
+def train_summary(cfg, trainer, logger, checkpoint: str | Path, averaged: Iterable[int] = ()) -> str:
     """The end-of-training summary: the kept checkpoint's epoch and val metrics, where it is,
     the MLflow run (id, name, artifact location) and how to open it.
 
@@ -323,8 +323,8 @@ def train_summary(cfg, trainer, logger, checkpoint: str | Path, averaged: int = 
         logger: the run's :class:`attnlab.lit.logger.ResilientMLFlowLogger`. When its
             ``offline_reason`` is set MLflow is not queried: the values are the last epoch's.
         checkpoint: the kept checkpoint file.
-        averaged: how many last epochs' weights the kept checkpoint averages
-            (``checkpoint.average_last``); 0: it is the best (or last) epoch's.
+        averaged: the epochs (1-based) whose weights the kept checkpoint averages
+            (``checkpoint.average_last``); empty: it is the best (or last) epoch's.
     Returns:
         At most ~12 ASCII lines (no trailing newline). Never raises for MLflow trouble: a
         failed read becomes a note line.
@@ -334,9 +334,10 @@ def train_summary(cfg, trainer, logger, checkpoint: str | Path, averaged: int = 
     rows: list[tuple[str, object]] = []
     notes: list[str] = []
     run = None
+    averaged = list(averaged)
     if averaged:
-        end = trainer.current_epoch
-        rows.append(("kept", f"mean of the weights after epochs {end - averaged + 1}-{end} "
+        span = f"epochs {averaged[0]}-{averaged[-1]}" if len(averaged) > 1 else f"epoch {averaged[0]}"
+        rows.append(("kept", f"mean of the weights after {span} "
                              f"(checkpoint.average_last={cfg.checkpoint.average_last})"))
         try:
             run = _client(uri).get_run(run_id) if logger.offline_reason is None else None

@@ -129,7 +129,8 @@ def staged_dir(out: Path):
     Yields an empty folder (``.<name>.<random>.tmp`` beside ``out``, parents created,
     mode 755) to write into. When the block ends normally, ``out`` (a folder, a link or
     a file, if it exists) is renamed aside, the new folder renamed onto ``out``, and
-    only then is the old one deleted (a link is deleted, not what it points to); should
+    only then is the old one deleted (a link is deleted, not what it points to; a folder
+    that cannot be deleted stays as ``.<name>.<random>.tmp.old``); should
     the second rename fail, the old one is put back. When the block raises, the new
     folder is deleted and ``out`` is left as it was. A process killed inside the block
     leaves ``out`` as it was, plus the temp folder; one killed in the instant between the
@@ -155,9 +156,9 @@ def staged_dir(out: Path):
                 os.rename(old, out)
             raise
         if old and (old.is_symlink() or not old.is_dir()):
-            old.unlink()
-        elif old:
-            shutil.rmtree(old)
+            old.unlink(missing_ok=True)
+        elif old:  # ``out`` is replaced by now: a leftover old folder is no reason to fail
+            shutil.rmtree(old, ignore_errors=True)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)  # gone already after a successful rename
 

@@ -22,18 +22,21 @@ averaged over the N tokens; the gradient with respect to z is softmax(z) − (1 
 from __future__ import annotations
 
 import torch
+from torch.autograd.function import once_differentiable
 
 from attnlab.data.tokenizer import PAD_ID
 
 
 class _LinearCrossEntropy(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, h, weight, bias, target, smoothing, chunk_size):
+    def forward(ctx, h, weight, bias, target, smoothing, chunk_size, needs):
+        # ``needs``: which of h, weight, bias want a gradient, decided by the caller (inside
+        # forward grad mode is off, and needs_input_grad stays True under no_grad/inference).
         N, V = h.shape[0], weight.shape[0]
-        need_grad = ctx.needs_input_grad[0] or ctx.needs_input_grad[1] or ctx.needs_input_grad[2]
-        grad_h = torch.empty_like(h) if need_grad else None
-        grad_w = torch.zeros_like(weight) if need_grad else None
-        grad_b = torch.zeros_like(bias) if need_grad and bias is not None else None
+        grad_h = torch.empty_like(h) if needs[0] else None
+        grad_w = torch.zeros_like(weight) if needs[1] else None
+        grad_b = torch.zeros_like(bias) if needs[2] else None
+        need_grad = any(needs)
         total = torch.zeros((), dtype=torch.float64, device=h.device)
         # One (chunk, V) buffer, reused: every step below works in place, so no (chunk, V)
         # temporary is allocated (on a CPU, fresh pages of that size cost more than the math).
@@ -54,8 +57,10 @@ class _LinearCrossEntropy(torch.autograd.Function):
             if need_grad:
                 g = z.div_(denom).sub_(smoothing / V)  # softmax − ε/V
                 g.scatter_add_(1, yc[:, None], torch.full_like(z_y[:, None], smoothing - 1.0))
-                torch.mm(g, weight, out=grad_h[start : start + chunk_size])
-                grad_w.addmm_(g.T, hc)
+                if grad_h is not None:
+                    torch.mm(g, weight, out=grad_h[start : start + chunk_size])
+                if grad_w is not None:
+                    grad_w.addmm_(g.T, hc)
                 if grad_b is not None:
                     grad_b += g.sum(dim=0)
         ctx.save_for_backward(grad_h, grad_w, grad_b)
@@ -63,11 +68,11 @@ class _LinearCrossEntropy(torch.autograd.Function):
         return (total / N).to(h.dtype)
 
     @staticmethod
+    @once_differentiable  # the gradients were computed in forward: no double backward
     def backward(ctx, grad_out):
-        grad_h, grad_w, grad_b = ctx.saved_tensors
-        scale = grad_out / ctx.n
-        return (grad_h * scale, grad_w * scale, None if grad_b is None else grad_b * scale,
-                None, None, None)
+        grads = ctx.saved_tensors
+        scale = grad_out / max(ctx.n, 1)  # N = 0: zero gradients (and a NaN loss), as F.cross_entropy
+        return (*(None if g is None else g * scale for g in grads), None, None, None, None)
 
 
 def linear_cross_entropy(h: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
@@ -86,8 +91,11 @@ def linear_cross_entropy(h: torch.Tensor, weight: torch.Tensor, bias: torch.Tens
         label_smoothing: ε in [0, 1).
         chunk_size: rows per chunk (the largest temporary is chunk_size × V floats).
     Returns:
-        A 0-dim float32 tensor; NaN when N = 0, as ``F.cross_entropy``'s mean. The
-        arithmetic runs in float32 with autocast off (bf16-mixed keeps the loss in fp32).
+        A 0-dim float32 tensor; NaN when N = 0 (with zero gradients), as
+        ``F.cross_entropy``'s mean. The arithmetic, the output projection's matmuls
+        included, runs in float32 with autocast off: under bf16-mixed this layer does
+        not get bf16 matrix speed. Gradients are computed in the forward pass (and only
+        for inputs that need them, none under ``no_grad``); no double backward.
     Raises:
         ValueError: shapes that do not match, ε outside [0, 1), or chunk_size < 1.
     """
@@ -98,9 +106,11 @@ def linear_cross_entropy(h: torch.Tensor, weight: torch.Tensor, bias: torch.Tens
         raise ValueError(f"label_smoothing must be in [0, 1), got {label_smoothing}")
     if chunk_size < 1:
         raise ValueError(f"chunk_size must be ≥ 1, got {chunk_size}")
+    grad = torch.is_grad_enabled()
+    needs = tuple(grad and t is not None and t.requires_grad for t in (h, weight, bias))
     with torch.autocast(h.device.type, enabled=False):
         return _LinearCrossEntropy.apply(h.float(), weight.float(), None if bias is None else bias.float(),
-                                         target, float(label_smoothing), int(chunk_size))
+                                         target, float(label_smoothing), int(chunk_size), needs)
 
 
 def sequence_loss(net, batch: dict, label_smoothing: float = 0.0, chunk_size: int = 512) -> torch.Tensor:

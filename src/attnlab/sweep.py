@@ -37,6 +37,7 @@ import json
 import logging
 import os
 import re
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -229,6 +230,11 @@ def _create_once(path: Path, record: dict) -> dict:
     """
     if write_json_exclusive(path, record):
         return record
+    for _ in range(50):  # without hard links the creator may still be writing it (files._create_from)
+        try:
+            return json.loads(path.read_text())
+        except json.JSONDecodeError:
+            time.sleep(0.1)
     return json.loads(path.read_text())
 
 

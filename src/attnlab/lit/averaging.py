@@ -15,6 +15,13 @@ import torch
 class WeightAveraging(pl.Callback):
     """Keeps the module's ``state_dict`` at the end of each of the last ``n`` training epochs.
 
+    The snapshot is taken after the epoch's last optimizer step (``on_train_batch_end`` of
+    its last batch, before any checkpoint of that batch is written: Lightning runs
+    ``ModelCheckpoint`` callbacks last) and again at ``on_train_epoch_end`` (the same
+    weights; covers loaders of unknown length). Snapshots are keyed by epoch, so a hook
+    that fires twice, or again after a resume, changes nothing. Tensors that share memory
+    (tied embeddings) are copied once.
+
     Args:
         n: how many epoch-end snapshots to average (≥ 1).
     Memory: ``n`` float copies of the model on the CPU (about 30 MB each for the
@@ -27,19 +34,38 @@ class WeightAveraging(pl.Callback):
         if n < 1:
             raise ValueError(f"checkpoint.average_last must be ≥ 1 to average (0 turns it off), got {n}")
         self.n = n
-        self.snapshots: list[dict[str, torch.Tensor]] = []  # oldest first
+        self.snapshots: dict[int, dict[str, torch.Tensor]] = {}  # epoch (0-based) → state
+
+    def _snapshot(self, epoch: int, pl_module) -> None:
+        copies: dict[tuple, torch.Tensor] = {}
+        state = {}
+        for key, value in pl_module.state_dict().items():
+            shared = (value.data_ptr(), tuple(value.shape), value.dtype)
+            if shared not in copies:
+                copies[shared] = value.detach().to("cpu", copy=True)
+            state[key] = copies[shared]
+        self.snapshots[epoch] = state
+        for old in sorted(self.snapshots)[: -self.n]:
+            del self.snapshots[old]
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
+        if trainer.fit_loop.epoch_loop.batch_progress.is_last_batch:
+            self._snapshot(trainer.current_epoch, pl_module)
 
     def on_train_epoch_end(self, trainer, pl_module) -> None:
-        # Runs before ModelCheckpoint's own epoch-end save (Lightning orders checkpoint
-        # callbacks last), so last.ckpt already holds this epoch's snapshot.
-        self.snapshots.append({k: v.detach().to("cpu", copy=True) for k, v in pl_module.state_dict().items()})
-        del self.snapshots[: -self.n]
+        self._snapshot(trainer.current_epoch, pl_module)
 
     def state_dict(self) -> dict:
         return {"n": self.n, "snapshots": self.snapshots}
 
     def load_state_dict(self, state_dict: dict) -> None:
-        self.snapshots = list(state_dict["snapshots"])[-self.n :]
+        kept = state_dict["snapshots"]
+        self.snapshots = {epoch: kept[epoch] for epoch in sorted(kept)[-self.n :]}
+
+    @property
+    def epochs(self) -> list[int]:
+        """The 1-based epochs whose weights are kept, oldest first."""
+        return [epoch + 1 for epoch in sorted(self.snapshots)]
 
     def average(self) -> dict[str, torch.Tensor]:
         """Element-wise mean of the kept snapshots, accumulated in float64 and cast back to
@@ -51,20 +77,23 @@ class WeightAveraging(pl.Callback):
         if not self.snapshots:
             raise RuntimeError("no epoch ended, so there are no weights to average; train at least "
                                "one full epoch or set checkpoint.average_last=0")
-        newest = self.snapshots[-1]
+        snaps = [self.snapshots[epoch] for epoch in sorted(self.snapshots)]
         out = {}
-        for key, value in newest.items():
+        for key, value in snaps[-1].items():
             if value.is_floating_point():
-                total = sum(s[key].double() for s in self.snapshots)
-                out[key] = (total / len(self.snapshots)).to(value.dtype)
+                out[key] = (sum(s[key].double() for s in snaps) / len(snaps)).to(value.dtype)
             else:
                 out[key] = value.clone()
         return out
 
-    def apply(self, pl_module: pl.LightningModule) -> int:
+    def apply(self, pl_module: pl.LightningModule) -> list[int]:
         """Load the average into ``pl_module`` (on its device); forget the snapshots, so a
-        checkpoint saved afterwards does not carry them. Returns how many epochs were averaged."""
-        count = len(self.snapshots)
+        checkpoint saved afterwards does not carry them. Returns the averaged epochs (1-based).
+
+        Raises:
+            RuntimeError: as :meth:`average`.
+        """
+        epochs = self.epochs
         pl_module.load_state_dict(self.average())
-        self.snapshots = []
-        return count
+        self.snapshots = {}
+        return epochs
