@@ -159,7 +159,7 @@ def test_reproduce_d2l_script_matches_the_books_results(fra_eng_zip, tmp_path):
     os.symlink(fra_eng_zip, raw / "fra-eng.zip")
     env = {**os.environ, "PYTHON": sys.executable,
            "MLFLOW_TRACKING_URI": f"sqlite:///{tmp_path}/mlflow.db"}
-    r = subprocess.run(["scripts/reproduce_d2l.sh", f"paths.root={tmp_path}"],
+    r = subprocess.run(["scripts/reproduce_d2l.sh", f"paths.root={tmp_path}", "heatmaps.sentences=[0]"],
                        cwd=ROOT, env=env, capture_output=True, text=True, timeout=1200)
     print(r.stdout)
     assert r.returncode == 0, r.stderr[-3000:]
@@ -171,7 +171,12 @@ def test_reproduce_d2l_script_matches_the_books_results(fra_eng_zip, tmp_path):
             assert f"{row['source']} => {row['translation']}, bleu,{row['bleu']:.3f}" in r.stdout
         assert table["num_perfect"] == sum(row["bleu"] == 1.0 for row in rows) >= 3, r.stdout
         assert f"{model}: BLEU 1.000 on {table['num_perfect']} of 4 sentences" in r.stdout
-    assert not (tmp_path / "checkpoints").exists()  # the default pipeline's outputs stay untouched
+    # the default pipeline's outputs stay untouched
+    assert not (tmp_path / "checkpoints").exists() and not (tmp_path / "plots").exists()
+    for model in ("bahdanau", "transformer"):
+        history = (tmp_path / "d2l" / "plots" / model / "history.csv").read_text().splitlines()
+        assert history[-1].startswith("30,"), history[-1]  # one row per epoch, the last is 30
+        assert not (tmp_path / "d2l" / "plots" / model / "attention" / "epochs").exists()  # profile: off
     # heatmaps with D2L's word labels, in the store under paths.root (not the working directory)
     for name in ("sent0_alignment_layer1.png", "sent0_encoder_decoder_layer2.png"):
         found = list((tmp_path / "mlruns").rglob(name))
