@@ -20,10 +20,10 @@ import shutil
 from pathlib import Path
 
 import hydra
-import lightning.pytorch as pl
-from lightning.pytorch.callbacks import ModelCheckpoint
-from lightning.pytorch.utilities import rank_zero_only
-from lightning.pytorch.utilities.exceptions import SIGTERMException
+import pytorch_lightning as pl
+from pytorch_lightning.callbacks import ModelCheckpoint
+from pytorch_lightning.utilities import rank_zero_only
+from pytorch_lightning.utilities.exceptions import SIGTERMException
 from omegaconf import DictConfig, OmegaConf
 
 from attnlab import console

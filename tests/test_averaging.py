@@ -8,11 +8,11 @@ epoch-1 and epoch-2 weights of separate uninterrupted runs.
 import subprocess
 import time
 
-import lightning.pytorch as pl
+import pytorch_lightning as pl
 import pytest
 import torch
-from lightning.pytorch.callbacks import ModelCheckpoint
-from lightning.pytorch.demos.boring_classes import BoringModel, RandomDataset
+from pytorch_lightning.callbacks import ModelCheckpoint
+from pytorch_lightning.demos.boring_classes import BoringModel, RandomDataset
 from torch import nn
 from torch.utils.data import DataLoader
 

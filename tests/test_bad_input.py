@@ -365,7 +365,7 @@ def test_tokenize_with_too_small_vocabulary_exits_and_writes_nothing(tmp_path):
 @pytest.fixture(scope="module")
 def nw_checkpoint(tmp_path_factory) -> tuple[Path, torch.Tensor]:
     """A real Lightning checkpoint: NW trained one step on D2L's synthetic data."""
-    import lightning.pytorch as pl
+    import pytorch_lightning as pl
 
     from attnlab.lit.regression import RegressionModule, full_batch_loader
     from attnlab.models.nadaraya_watson import synthetic_regression

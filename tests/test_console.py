@@ -77,7 +77,7 @@ def test_dvc_stage_training_prints_epoch_lines_and_a_summary_that_match_mlflow(t
     n_params = sum(p.numel() for p in load_net(record["checkpoint"], "transformer").parameters())
 
     lines = result.stdout.splitlines()
-    from lightning.pytorch.utilities.model_summary import get_human_readable_count
+    from pytorch_lightning.utilities.model_summary import get_human_readable_count
     assert lines[0] == (f"transformer: {get_human_readable_count(n_params).replace(' ', '')} parameters "
                         f"on cpu, 8 steps per epoch, max_epochs {EPOCHS}")
     for epoch in range(EPOCHS):  # exactly one line per epoch, MLflow's numbers
@@ -168,7 +168,7 @@ def test_progress_bar_shows_each_steps_loss_and_the_epochs_running_tokens_per_se
     """In process, Lightning's Rich bar (what a terminal gets): at every step ``loss`` is the
     step's training loss and ``tokens/s`` the target tokens of the epoch's earlier steps over
     their time (none at the first step), as float32; the last values are drawn in the bar."""
-    import lightning.pytorch as pl
+    import pytorch_lightning as pl
 
     from attnlab.lit.setup import build_task
 
@@ -231,11 +231,11 @@ def console_state(monkeypatch):
         # the test (or console.setup) sets it directly: delenv of an absent variable records nothing
         monkeypatch.setenv(var, "")
         monkeypatch.delenv(var)
-    names = ("", "lightning.pytorch", "lightning.fabric", "train", "mlflow")
+    names = ("", "pytorch_lightning", "lightning_fabric", "train", "mlflow")
     levels = {n: logging.getLogger(n).level for n in names}
     out = io.StringIO()
     handler = logging.StreamHandler(out)
-    lightning_logger = logging.getLogger("lightning.pytorch")
+    lightning_logger = logging.getLogger("pytorch_lightning")
     lightning_logger.addHandler(handler)
     logging.getLogger("train").addHandler(handler)
     logging.getLogger("train").setLevel(logging.INFO)
@@ -253,12 +253,12 @@ def console_state(monkeypatch):
 
 def _emit() -> list[str]:
     """Log and warn what a training run does; return the warnings that would be shown."""
-    from lightning.pytorch.utilities.warnings import PossibleUserWarning
+    from pytorch_lightning.utilities.warnings import PossibleUserWarning
 
-    lightning_log = logging.getLogger("lightning.pytorch.utilities.rank_zero")
+    lightning_log = logging.getLogger("pytorch_lightning.utilities.rank_zero")
     lightning_log.info("GPU available: False, used: False")
     lightning_log.info("💡 Tip: For seamless cloud logging and experiment tracking, try installing litlogger")
-    logging.getLogger("lightning.pytorch.loggers.mlflow").warning(
+    logging.getLogger("pytorch_lightning.loggers.mlflow").warning(
         "Experiment with name attnlab not found. Creating it.")
     lightning_log.warning("a real Lightning warning")
     logging.getLogger("train").info("resuming from last.ckpt (epoch 1, step 11)")

@@ -187,3 +187,50 @@ def test_bf16_autocast_computes_the_loss_in_float32():
     assert torch.isfinite(loss) and abs(loss.item() - fp32.item()) < 0.05 * fp32.item()
     loss.backward()
     assert all(torch.isfinite(p.grad).all() for p in m.parameters() if p.grad is not None)
+
+
+# --- loading trusts nothing: only attnlab's model classes are built ------------------------
+def _crafted_checkpoint(path, net_config):
+    torch.save({"hyper_parameters": {"net": net_config, "vocab_size": 30}, "state_dict": {}}, path)
+    return path
+
+
+@pytest.mark.parametrize("make_config", [
+    lambda marker: {"_target_": "subprocess.call", "args": ["touch", str(marker)]},
+    lambda marker: {"_target_": "attnlab.models.transformer.Transformer", "d_model": 16,
+                    "num_heads": {"_target_": "subprocess.call", "args": ["touch", str(marker)]}},
+    lambda marker: {"_target_": "attnlab.models.transformer.Transformer", "_args_": [str(marker)]},
+    lambda marker: ["subprocess.call", "touch", str(marker)],
+], ids=["foreign-target", "nested-target", "hydra-special-key", "not-a-mapping"])
+def test_a_crafted_checkpoint_is_refused_before_anything_it_names_runs(tmp_path, make_config):
+    """A checkpoint from elsewhere can name any callable as its model: load_net and
+    TranslationModule.load_from_checkpoint refuse it, naming it, and run nothing."""
+    from attnlab.checkpoint import CheckpointError, load_net
+    from attnlab.lit.translation import TranslationModule
+    from attnlab.models import UnknownModelError
+
+    marker = tmp_path / "pwned"
+    ckpt = _crafted_checkpoint(tmp_path / "evil.ckpt", make_config(marker))
+    with pytest.raises(CheckpointError, match="attnlab.models.transformer.Transformer") as e:
+        load_net(ckpt)
+    assert str(ckpt) in str(e.value)
+    with pytest.raises(UnknownModelError):
+        TranslationModule(make_config(marker), {"_target_": "torch.optim.Adam", "_partial_": True},
+                          vocab_size=30)
+    assert not marker.exists()
+
+
+def test_a_checkpoint_naming_an_unknown_module_imports_nothing(tmp_path):
+    import subprocess
+    import sys
+
+    ckpt = _crafted_checkpoint(tmp_path / "evil.ckpt", {"_target_": "attnlab_evil_payload.boom"})
+    code = ("import sys\nfrom attnlab.checkpoint import CheckpointError, load_net\n"
+            f"try:\n    load_net({str(ckpt)!r})\nexcept CheckpointError as e:\n    print(e)\n"
+            "print('imported' if 'attnlab_evil_payload' in sys.modules else 'not imported')")
+    (tmp_path / "attnlab_evil_payload.py").write_text(
+        f"open({str(tmp_path / 'ran')!r}, 'w').close()\nboom = print\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         env={**__import__("os").environ, "PYTHONPATH": str(tmp_path)}, check=True)
+    assert "_target_='attnlab_evil_payload.boom', which is not one of attnlab's models" in out.stdout
+    assert out.stdout.strip().endswith("not imported") and not (tmp_path / "ran").exists()

@@ -11,10 +11,10 @@ import pickle
 from pathlib import Path
 
 import torch
-from hydra.utils import instantiate
 from torch import nn
 
 from attnlab.data.tokenizer import PAD_ID
+from attnlab.models import UnknownModelError, build_net
 from attnlab.models.nadaraya_watson import NadarayaWatson
 
 
@@ -36,7 +36,9 @@ def load_net(path: Path, expected_kind: str | None = None) -> nn.Module:
         CheckpointError: missing file; a truncated or corrupt file, or one that is
             no torch checkpoint; one holding objects ``weights_only=True`` refuses
             (e.g. OmegaConf configs); a foreign checkpoint; a model of another
-            kind than ``expected_kind``; weights that do not fit the model.
+            kind than ``expected_kind``; weights that do not fit the model; a model
+            config naming a class other than attnlab's models (see
+            :func:`attnlab.models.build_net`: nothing it names is imported or called).
             Each names the file and the fix (retrain with ``src/train.py``).
     """
     path = Path(path)
@@ -59,7 +61,10 @@ def load_net(path: Path, expected_kind: str | None = None) -> nn.Module:
     hp = ckpt.get("hyper_parameters", {}) if isinstance(ckpt, dict) else {}
     if "net" in hp:
         extra = {"src_vocab_size": hp["src_vocab_size"]} if hp.get("src_vocab_size") else {}
-        net = instantiate(hp["net"], vocab_size=hp["vocab_size"], pad_id=PAD_ID, **extra)
+        try:  # attnlab's own model classes only: nothing else the file names is imported
+            net = build_net(hp["net"], vocab_size=hp["vocab_size"], pad_id=PAD_ID, **extra)
+        except UnknownModelError as e:
+            raise CheckpointError(f"{path}: {e}") from None
     elif "init_w" in hp:
         net = NadarayaWatson(parametric=True, init_w=hp["init_w"])
     else:

@@ -54,7 +54,7 @@ QUIET_LINES = (("train", "rank %d: checkpoint %s (exists: %s)"),)
 # MLflow's own prints (not logging) around model registration.
 MLFLOW_PRINTS = (r"^Successfully registered model ", r"^Registered model .* already exists",
                  r"^Created version '")
-_LIGHTNING_LOGGERS = ("lightning.pytorch", "lightning.fabric", "pytorch_lightning", "lightning_fabric")
+_LIGHTNING_LOGGERS = ("pytorch_lightning", "lightning_fabric")
 
 
 def verbose() -> bool:
@@ -223,8 +223,8 @@ def train_callbacks(cfg) -> list:
     Args:
         cfg: the composed config (``trainer.enable_progress_bar``, ``model.name``).
     """
-    from lightning.pytorch.callbacks import ModelSummary
-    from lightning.pytorch.callbacks.progress.rich_progress import _RICH_AVAILABLE
+    from pytorch_lightning.callbacks import ModelSummary
+    from pytorch_lightning.callbacks.progress.rich_progress import _RICH_AVAILABLE
 
     from attnlab.lit.progress import EpochLines, NoBar, RichBar, TqdmBar
 

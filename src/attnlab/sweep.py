@@ -100,7 +100,7 @@ def sweep_job(cfg: DictConfig) -> SweepJob:
     swept = swept_overrides(overrides, read_sweep_info(sweep_dir))
     tags = {"sweep.dir": str(sweep_dir), "sweep.job": str(hc.job.num),
             "sweep.overrides": " ".join(overrides if swept is None else swept)[:_MAX_TAG]}
-    from lightning.pytorch.utilities import rank_zero_only  # heavy import: only train.py needs it
+    from pytorch_lightning.utilities import rank_zero_only  # heavy import: only train.py needs it
 
     parent = ensure_parent(cfg, sweep_dir) if rank_zero_only.rank == 0 else None
     if parent:

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import lightning.pytorch as pl
+import pytorch_lightning as pl
 import torch
 from torch.utils.data import DataLoader, Dataset, DistributedSampler
 
@@ -37,7 +37,7 @@ class ResumableDataLoader(DataLoader):
     Lightning saves :meth:`state_dict` (``epoch``: the sampler epoch of the current
     iterator; ``batches_done``: batches it yielded) in every checkpoint and calls
     :meth:`load_state_dict` before it iterates on resume (``_Stateful`` loaders,
-    ``lightning.pytorch.loops.fit_loop``). Works with ``num_workers=0``, where the
+    ``pytorch_lightning.loops.fit_loop``). Works with ``num_workers=0``, where the
     sampler is not read ahead.
     """
 

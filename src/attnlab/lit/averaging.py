@@ -8,7 +8,7 @@ epochs as an uninterrupted one.
 """
 from __future__ import annotations
 
-import lightning.pytorch as pl
+import pytorch_lightning as pl
 import torch
 
 

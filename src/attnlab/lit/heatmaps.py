@@ -5,8 +5,8 @@ import tempfile
 from pathlib import Path
 from typing import Sequence
 
-import lightning.pytorch as pl
-from lightning.pytorch.callbacks import Callback
+import pytorch_lightning as pl
+from pytorch_lightning.callbacks import Callback
 
 from attnlab.viz import translation_heatmaps
 

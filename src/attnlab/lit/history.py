@@ -5,8 +5,8 @@ import csv
 import io
 from pathlib import Path
 
-from lightning.pytorch.loggers.logger import Logger, rank_zero_experiment
-from lightning.pytorch.utilities import rank_zero_only
+from pytorch_lightning.loggers.logger import Logger, rank_zero_experiment
+from pytorch_lightning.utilities import rank_zero_only
 
 from attnlab.files import write_text_atomic
 

@@ -3,8 +3,8 @@ from __future__ import annotations
 
 import logging
 
-from lightning.pytorch.loggers import MLFlowLogger
-from lightning.pytorch.utilities.rank_zero import rank_zero_only
+from pytorch_lightning.loggers import MLFlowLogger
+from pytorch_lightning.utilities.rank_zero import rank_zero_only
 
 log = logging.getLogger(__name__)
 

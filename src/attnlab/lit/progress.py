@@ -9,8 +9,8 @@ from __future__ import annotations
 import math
 import time
 
-from lightning.pytorch.callbacks import Callback, ProgressBar, RichProgressBar, TQDMProgressBar
-from lightning.pytorch.utilities.model_summary import get_human_readable_count
+from pytorch_lightning.callbacks import Callback, ProgressBar, RichProgressBar, TQDMProgressBar
+from pytorch_lightning.utilities.model_summary import get_human_readable_count
 
 from attnlab.console import _VAL_KEYS, EPOCH_COLUMNS, _count, _scalar
 

@@ -1,7 +1,7 @@
 """LightningModule for Nadaraya–Watson regression on D2L's synthetic data (D2L 11.2)."""
 from __future__ import annotations
 
-import lightning.pytorch as pl
+import pytorch_lightning as pl
 import torch
 from hydra.utils import instantiate
 from torch.utils.data import DataLoader, TensorDataset

@@ -15,7 +15,7 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
-import lightning.pytorch as pl
+import pytorch_lightning as pl
 import torch
 from omegaconf import DictConfig, OmegaConf
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 import math
 import time
 
-import lightning.pytorch as pl
+import pytorch_lightning as pl
 import torch
 import torch.distributed as dist
 from hydra.utils import instantiate
@@ -12,6 +12,7 @@ from hydra.utils import instantiate
 from attnlab.data.tokenizer import PAD_ID
 from attnlab.decoding import translate_text
 from attnlab.loss import sequence_loss
+from attnlab.models import build_net
 from attnlab.metrics import corpus_scores
 
 
@@ -56,7 +57,7 @@ class TranslationModule(pl.LightningModule):
         super().__init__()
         self.save_hyperparameters(logger=False)
         extra = {"src_vocab_size": src_vocab_size} if src_vocab_size else {}
-        self.net = instantiate(net, vocab_size=vocab_size, pad_id=PAD_ID, **extra)
+        self.net = build_net(net, vocab_size=vocab_size, pad_id=PAD_ID, **extra)
         self.tokenizer = None
         self.val_texts: tuple[list[str], list[str]] | None = None
         self._epoch_tokens = 0

@@ -1,1 +1,60 @@
-"""Plain nn.Module models: Nadaraya–Watson, Bahdanau seq2seq, Transformer."""
+"""Plain nn.Module models: Nadaraya–Watson, Bahdanau seq2seq, Transformer.
+
+:func:`build_net` is the one place a translation model is built from a config
+(``conf/model/<name>.yaml`` → ``net``, or the ``hyper_parameters`` of a
+checkpoint). It accepts only attnlab's own model classes and never imports or
+calls anything else a config or checkpoint names: a checkpoint from elsewhere
+is data, not code.
+"""
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+from torch import nn
+
+# The `_target_` strings a model config may name (what conf/model/*.yaml write).
+NET_TARGETS = ("attnlab.models.transformer.Transformer", "attnlab.models.bahdanau.Bahdanau")
+
+
+class UnknownModelError(ValueError):
+    """A model config names a class that is not one of attnlab's models (nothing was imported)."""
+
+
+def _classes() -> dict[str, type[nn.Module]]:
+    from attnlab.models.bahdanau import Bahdanau
+    from attnlab.models.transformer import Transformer
+
+    return {f"{c.__module__}.{c.__qualname__}": c for c in (Transformer, Bahdanau)}
+
+
+def build_net(config: Mapping, **kwargs) -> nn.Module:
+    """Build the translation model ``config`` describes: ``{"_target_": <class>, size: value, …}``.
+
+    Args:
+        config: plain mapping with ``_target_`` one of :data:`NET_TARGETS` and the
+            class's keyword arguments (``d_model``, ``num_heads``, … or ``embed_size``, …).
+        kwargs: further keyword arguments (``vocab_size``, ``pad_id``, ``src_vocab_size``).
+    Returns:
+        the model, an ``nn.Module`` in training mode with fresh weights.
+    Raises:
+        UnknownModelError: ``_target_`` is missing or names anything but attnlab's
+            models, or a value holds a ``_target_`` or another Hydra special key
+            (``_partial_``, ``_args_``, …). Nothing that the config names is imported
+            or called; the message names the target and the accepted ones.
+    """
+    target = config.get("_target_") if isinstance(config, Mapping) else config
+    if target not in NET_TARGETS:
+        raise UnknownModelError(
+            f"model config names _target_={target!r}, which is not one of attnlab's models "
+            f"({', '.join(NET_TARGETS)}); attnlab builds only its own model classes and "
+            "imports or calls nothing else a config or checkpoint names. Use a checkpoint "
+            "written by attnlab's src/train.py, or set model.net._target_ to one of those")
+    args = {k: v for k, v in config.items() if k != "_target_"}
+    for key, value in args.items():
+        nested = value.get("_target_") if isinstance(value, Mapping) else None
+        if key.startswith("_") or nested is not None:
+            raise UnknownModelError(
+                f"model config {target}: key {key!r} holds {value!r}; a model's settings are "
+                "plain numbers, strings and booleans, never objects to build (nothing was "
+                "imported or called). Remove the key or give it a plain value")
+    return _classes()[target](**args, **kwargs)
