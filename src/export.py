@@ -3,8 +3,9 @@
 The folder loads with torch and sentencepiece alone (see attnlab.export);
 `python src/translate.py model=<model>` uses it. A translation model is also
 logged to its training run as an MLflow pyfunc model and registered as
-`attnlab-<model>` (a new version each run); the summary at the end prints the
-`mlflow models serve` command. Sentences longer than `serving.max_input_chars`
+`attnlab-<model>` (a new version each run, which gets the alias `champion`); the
+summary at the end prints the `mlflow models serve -m models:/attnlab-<model>@champion`
+command. Sentences longer than `serving.max_input_chars`
 characters (conf/config.yaml, default 500; `serving.max_input_chars=N` to change) are refused.
     python src/export.py model=transformer
 """
@@ -45,7 +46,7 @@ def main(cfg: DictConfig) -> None:
     with console.hide_mlflow_prints():  # "Successfully registered model ...": the summary says it
         registered, version = log_served_model(out_dir, name, record["run_id"], record["tracking_uri"])
     print(console.export_summary(name, out_dir, record, registered, version,
-                                 serve_command(registered, version, record["tracking_uri"])))
+                                 serve_command(registered, record["tracking_uri"])))
 
 
 if __name__ == "__main__":

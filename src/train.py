@@ -79,6 +79,15 @@ def run_name(cfg: DictConfig) -> str:
     return f"{cfg.model.name}-{cfg.data.name}{pair}-seed{cfg.seed}"
 
 
+def run_tags(cfg: DictConfig) -> dict[str, str]:
+    """The MLflow run's tags: ``model``, ``data``, and for translation what it translates:
+    ``corpus``, ``src_lang``, ``tgt_lang`` (MLflow's search and compare views filter on them)."""
+    tags = {"model": cfg.model.name, "data": cfg.data.name}
+    if cfg.model.task == "translation":
+        tags |= {"corpus": cfg.data.name, "src_lang": cfg.data.src_lang, "tgt_lang": cfg.data.tgt_lang}
+    return tags
+
+
 @rank_zero_only
 def clear_plots(folder: Path) -> None:
     """Empty ``folder`` (plots/<model>: history.csv, attention/) before a fresh, non-resumed run."""
@@ -101,7 +110,7 @@ def main(cfg: DictConfig) -> None:
     local_store = cfg.mlflow.tracking_uri.startswith("sqlite:")
     logger = ResilientMLFlowLogger(
         experiment_name=cfg.mlflow.experiment, tracking_uri=cfg.mlflow.tracking_uri,
-        tags={"model": cfg.model.name, "data": cfg.data.name, **sweep.tags}, run_id=resume.run_id if resume else None,
+        tags={**run_tags(cfg), **sweep.tags}, run_id=resume.run_id if resume else None,
         run_name=sweep.run_name(run_name(cfg)),
         artifact_location=cfg.mlflow.artifact_location if local_store else None)
     plots = Path(cfg.paths.plots)

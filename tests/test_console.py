@@ -69,9 +69,10 @@ def test_dvc_stage_training_prints_epoch_lines_and_a_summary_that_match_mlflow(t
     run_id = run.info.run_id
     assert record["run_id"] == run_id
     # the bar-only entries stay out of MLflow: its metric names are the documented ones
-    assert set(run.data.metrics) == {"train_loss", "val_loss", "val_bleu", "tokens_per_sec", "epoch"}
+    assert set(run.data.metrics) == {"train_loss", "val_loss", "val_bleu", "val_chrf", "tokens_per_sec",
+                                     "epoch"}
     values = {k: [v for _, v in history(client, run_id, k)]
-              for k in ("train_loss", "val_loss", "val_bleu", "tokens_per_sec")}
+              for k in ("train_loss", "val_loss", "val_bleu", "val_chrf", "tokens_per_sec")}
     assert all(len(v) == EPOCHS for v in values.values()), values
     best = torch.load(record["checkpoint"], map_location="cpu", weights_only=True)
     n_params = sum(p.numel() for p in load_net(record["checkpoint"], "transformer").parameters())
@@ -81,10 +82,11 @@ def test_dvc_stage_training_prints_epoch_lines_and_a_summary_that_match_mlflow(t
     assert lines[0] == (f"transformer: {get_human_readable_count(n_params).replace(' ', '')} parameters "
                         f"on cpu, 8 steps per epoch, max_epochs {EPOCHS}")
     for epoch in range(EPOCHS):  # exactly one line per epoch, MLflow's numbers
-        tl, vl, vb, tps = (values[k][epoch] for k in values)
+        tl, vl, vb, vc, tps = (values[k][epoch] for k in values)
         assert re.fullmatch(
             re.escape(f"epoch {epoch + 1}/{EPOCHS}  train_loss {tl:.4f}  val_loss {vl:.4f}  "
-                      f"val_bleu {vb:.2f}  tokens/s {tps:.0f}  (") + r"\d+\.\d s\)", lines[1 + epoch])
+                      f"val_bleu {vb:.2f}  val_chrf {vc:.2f}  tokens/s {tps:.0f}  (") + r"\d+\.\d s\)",
+            lines[1 + epoch])
 
     # The kept checkpoint is the first epoch with the lowest val_loss; its epoch (0-based) says so.
     best_epoch = values["val_loss"].index(min(values["val_loss"]))
@@ -97,6 +99,7 @@ def test_dvc_stage_training_prints_epoch_lines_and_a_summary_that_match_mlflow(t
         f"  best epoch : {best_epoch + 1} of {EPOCHS} (lowest val_loss)",
         f"  val_loss   : {values['val_loss'][best_epoch]:.4f}",
         f"  val_bleu   : {values['val_bleu'][best_epoch]:.2f}",
+        f"  val_chrf   : {values['val_chrf'][best_epoch]:.2f}",
         f"  checkpoint : {record['checkpoint']}",
         f"  MLflow run : {run_id} (transformer-multi30k-en-fr-seed0)",
         f"  artifacts  : {client.get_run(run_id).info.artifact_uri}",
@@ -152,10 +155,9 @@ def test_dvc_stage_evaluate_and_export_print_only_their_summaries(trained, conso
     assert exported.out.splitlines() == [
         "transformer: exported",
         f"  folder     : {root / 'models/transformer'}",
-        "  registered : attnlab-transformer version 1",
+        "  registered : attnlab-transformer version 1 (alias champion)",
         f"  MLflow run : {run_id}",
-        f"  serve      : MLFLOW_TRACKING_URI={uri} mlflow models serve -m models:/attnlab-transformer/1 "
-        "--env-manager local",
+        f"  serve      : MLFLOW_TRACKING_URI={uri} mlflow models serve -m models:/attnlab-transformer@champion",
         '  translate  : python src/translate.py model=transformer +text="A dog runs."']
 
 

@@ -3,6 +3,7 @@ import gzip
 import hashlib
 import os
 import zipfile
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -263,3 +264,27 @@ def test_padding_fraction_by_hand_and_token_budget_pads_less_than_random_batches
     budget = list(TokenBudgetBatchSampler(ds.lengths(), 1000, seed=0))
     random_batches = [list(range(i, min(i + 40, n))) for i in range(0, n, 40)]
     assert padding_fraction(budget, src, tgt) < 0.1 < padding_fraction(random_batches, src, tgt)
+
+
+@pytest.mark.parametrize("corpus,src,tgt,error", [
+    ("multi30k", "en", "de", None), ("multi30k", "fr", "en", None), ("multi30k", "de", "fr", None),
+    ("fra_eng", "fr", "en", None),
+    ("multi30k", "en", "es", "data=multi30k has the languages en, fr, de; tgt_lang=es is not one of them"),
+    ("fra_eng", "en", "de", "data=fra_eng has the languages en, fr; tgt_lang=de is not one of them"),
+    ("fra_eng", "cs", "en", "data=fra_eng has the languages en, fr; src_lang=cs is not one of them"),
+    ("multi30k", "fr", "fr", "src_lang and tgt_lang are both fr"),
+])
+def test_a_direction_is_checked_against_the_corpus_config(corpus, src, tgt, error):
+    """conf/data/<corpus>.yaml lists the corpus's languages; any two different ones are a direction."""
+    from hydra import compose, initialize_config_dir
+
+    from attnlab.data.corpora import check_languages
+
+    with initialize_config_dir(str(Path(__file__).resolve().parents[1] / "conf"), version_base="1.3"):
+        cfg = compose("config", [f"data={corpus}", f"data.src_lang={src}", f"data.tgt_lang={tgt}"])
+    if error is None:
+        check_languages(cfg.data)
+    else:
+        with pytest.raises(CorpusError, match=error) as e:
+            check_languages(cfg.data)
+        assert "params.yaml" in str(e.value)  # where to change it

@@ -1,9 +1,10 @@
 """Lightning DDP on CPU (gloo): two processes of the real `src/train.py` on the tiny corpus.
 
 Each rank trains on its half of the batches; rank 1 is started by Lightning into
-rank 0's Hydra run directory; one MLflow run is created; `val_bleu` is the corpus
-BLEU of the whole validation set, each sentence translated once (each rank
-translates its share); evaluation scores the whole test set once.
+rank 0's Hydra run directory; one MLflow run is created; `val_bleu` (and `val_chrf`)
+is the corpus score of the whole validation set, each sentence translated once (each
+rank translates its share, torchmetrics sums the sacreBLEU statistics); evaluation
+scores the whole test set once.
 """
 import json
 import subprocess
@@ -72,6 +73,10 @@ def test_val_bleu_is_one_corpus_bleu_over_the_whole_val_set(ddp_run):
     halves = [corpus_scores(hyps[r::2], refs[r::2])["bleu"] for r in (0, 1)]
     assert expected > 0 and expected not in halves and expected != pytest.approx(sum(halves) / 2)
     assert logged[-1][1] == pytest.approx(expected, abs=1e-6)
+    # chrF likewise: one corpus chrF2 from the ranks' summed sacreBLEU statistics.
+    chrf = history(client, run.info.run_id, "val_chrf")
+    assert len(chrf) == EPOCHS
+    assert chrf[-1][1] == pytest.approx(corpus_scores(hyps, refs)["chrf"], abs=1e-6)
 
 
 def test_evaluate_scores_the_whole_test_set_once(ddp_run):

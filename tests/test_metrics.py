@@ -51,3 +51,210 @@ def test_lowercased_bleu_ignores_case():
 def test_corpus_scores_length_mismatch():
     with pytest.raises(ValueError, match="2 hypotheses but 1 references"):
         corpus_scores(["a", "b"], ["a"])
+
+
+# --- CorpusScores: sacreBLEU's statistics in a torchmetrics Metric ---------------------------
+# Every expected number below is sacreBLEU's own, computed here on the same pairs; the metric
+# must reproduce it to 1e-9 however the pairs are batched or split across (simulated) ranks.
+
+import gzip
+from pathlib import Path
+
+import torch
+
+from attnlab.metrics import CorpusScores, sacrebleu_signatures
+
+PROJECT_ROOT = Path(__file__).resolve().parents[1]
+HYPOTHESES = PROJECT_ROOT / "metrics/transformer.hyp.txt"  # evaluate's committed system output
+
+TRICKY = {  # name: (hypotheses, references), one reference per hypothesis
+    "empty hypothesis among others": (
+        ["", "A dog runs on the grass .", "   "],
+        ["A man is sleeping .", "A dog runs on the green grass .", "Two kids play ."]),
+    "all hypotheses empty": (["", ""], ["Un homme dort.", "Deux enfants jouent."]),
+    "no 4-gram match ('exp' smoothing)": (
+        ["A Man Rides A Bike .", "the cat sat", "Hi ."],
+        ["a man rides a bike .", "the cat sat on the mat", "Hi there ."]),
+    "single short sentence": (["Hi ."], ["Hi there ."]),
+    "numbers": (
+        ["Il coûte 1,000.50 $ en 2016.", "3.5 km à 10h30", "Le 1er mai, 42 %"],
+        ["Il coûte 1,000.50$ en 2016.", "3,5 km à 10 h 30", "Le 1er mai, 42%"]),
+    "punctuation": (
+        ["Wait... what?!", "(yes) - no", "Un homme—en bleu—court ; vite !"],
+        ["Wait ... what ?!", "( yes ) -- no", "Un homme - en bleu - court; vite!"]),
+    "apostrophes": (
+        ["l'homme n'est pas là", "it's John's dog", "aujourd’hui c’est l'été"],
+        ["L' homme n' est pas là", "it 's John's dog", "aujourd'hui c'est l’été"]),
+    "quotes": (
+        ['Il dit « bonjour » et "salut"', "“Stop”, she said.", "'quoted'"],
+        ['Il dit "bonjour" et « salut »', '"Stop", she said.', "' quoted '"]),
+    "narrow no-break and no-break spaces": (
+        ["Va\u202f! Quoi\u00a0?", "Ça va\u202f?"], ["Va ! Quoi ?", "Ça va ?"]),
+    "odd unicode": (
+        ["Une femme naïve mange un crème brûlée 🍮.", "Cafe\u0301 ouvert"],
+        ["Une femme naïve mange une crème brûlée.", "Café ouvert"]),
+    "hypothesis longer than reference": (
+        ["Two men are playing a game of chess in the park today ."],
+        ["Two men are playing chess ."]),
+}
+
+
+def _sacrebleu(hyps, refs):
+    return {"bleu": sacrebleu.corpus_bleu(hyps, [refs]).score,
+            "bleu_lc": sacrebleu.corpus_bleu(hyps, [refs], lowercase=True).score,
+            "chrf": sacrebleu.corpus_chrf(hyps, [refs]).score}
+
+
+def _chunks(n):
+    """Ways to split n pairs into update calls: one batch, one per call, and uneven."""
+    ways = {"one batch": [n], "one pair per call": [1] * n}
+    if n > 2:
+        ways["uneven"] = [2, n - 2]
+    return ways
+
+
+def _close(got, expected):
+    assert set(got) == {"bleu", "bleu_lc", "chrf"}
+    for key in expected:
+        assert got[key] == pytest.approx(expected[key], rel=0, abs=1e-9), key
+
+
+@pytest.mark.parametrize("name", TRICKY)
+def test_metric_equals_sacrebleu_on_tricky_cases_however_batched(name):
+    hyps, refs = TRICKY[name]
+    expected = _sacrebleu(hyps, refs)
+    _close(corpus_scores(hyps, refs), expected)
+    for sizes in _chunks(len(hyps)).values():
+        metric, start = CorpusScores(), 0
+        for size in sizes:
+            metric.update(hyps[start : start + size], refs[start : start + size])
+            start += size
+        _close(metric.compute(), expected)
+
+
+def test_tricky_cases_cover_what_they_claim():
+    # 'exp' smoothing: no 4-gram matches, yet sacreBLEU's cased BLEU is > 0 (not torchmetrics' 0).
+    hyps, refs = TRICKY["no 4-gram match ('exp' smoothing)"]
+    assert sacrebleu.corpus_bleu(hyps, [refs]).counts[3] == 0
+    assert corpus_scores(hyps, refs)["bleu"] > 0
+    assert corpus_scores(*TRICKY["all hypotheses empty"]) == {"bleu": 0.0, "bleu_lc": 0.0, "chrf": 0.0}
+
+
+def test_all_tricky_cases_as_one_corpus_in_uneven_batches():
+    hyps = [h for hs, _ in TRICKY.values() for h in hs]
+    refs = [r for _, rs in TRICKY.values() for r in rs]
+    metric = CorpusScores()
+    for start, stop in ((0, 5), (5, 6), (6, 19), (19, len(hyps))):
+        metric.update(hyps[start:stop], refs[start:stop])
+    _close(metric.compute(), _sacrebleu(hyps, refs))
+
+
+def test_states_summed_across_two_ranks_give_one_corpus_score():
+    """What DDP does: each rank adds its shard; torchmetrics sums the states (dist_reduce_fx='sum')."""
+    hyps = [h for hs, _ in TRICKY.values() for h in hs]
+    refs = [r for _, rs in TRICKY.values() for r in rs]
+    ranks = [CorpusScores(), CorpusScores()]
+    for r, metric in enumerate(ranks):
+        metric.update(hyps[r::2], refs[r::2])
+    expected = _sacrebleu(hyps, refs)
+    halves = [corpus_scores(hyps[r::2], refs[r::2])["bleu"] for r in (0, 1)]
+    # The test can tell: neither half, nor their mean, is the corpus score.
+    assert expected["bleu"] not in halves
+    assert expected["bleu"] != pytest.approx(sum(halves) / 2, abs=1e-3)
+    whole = CorpusScores()
+    whole.update(hyps, refs)
+    for key in ("bleu_stats", "bleu_lc_stats", "chrf_stats"):
+        assert ranks[0]._reductions[key] is not None  # reduced across ranks, not kept per rank
+        assert torch.equal(getattr(ranks[0], key) + getattr(ranks[1], key), getattr(whole, key))
+    ranks[0].merge_state(ranks[1])  # torchmetrics' own reduction of the two ranks' states
+    _close(ranks[0].compute(), expected)
+
+
+def test_states_are_integer_counts_and_reset_clears_them():
+    metric = CorpusScores()
+    metric.update(["Un homme dort ."], ["Un homme dort."])
+    assert all(getattr(metric, k).dtype == torch.int64
+               for k in ("bleu_stats", "bleu_lc_stats", "chrf_stats"))
+    assert metric.bleu_stats.shape == (10,) and metric.chrf_stats.shape == (18,)
+    # hyp_len, ref_len (13a splits the final '.'), 1..4-gram matches, 1..4-gram totals
+    assert metric.bleu_stats.tolist() == [4, 4, 4, 3, 2, 1, 4, 3, 2, 1]
+    metric.reset()
+    assert not metric.bleu_stats.any() and not metric.chrf_stats.any()
+
+
+def test_metric_update_rejects_mismatched_lengths_and_non_strings():
+    with pytest.raises(ValueError, match="2 hypotheses but 1 references"):
+        CorpusScores().update(["a", "b"], ["a"])
+    with pytest.raises(TypeError, match="reference 1 is NoneType"):
+        corpus_scores(["a", "b"], ["a", None])
+
+
+def test_sacrebleu_signatures_name_one_reference_stream():
+    v = sacrebleu.__version__
+    assert sacrebleu_signatures() == {
+        "bleu": f"nrefs:1|case:mixed|eff:no|tok:13a|smooth:exp|version:{v}",
+        "bleu_lc": f"nrefs:1|case:lc|eff:no|tok:13a|smooth:exp|version:{v}",
+        "chrf": f"nrefs:1|case:mixed|eff:yes|nc:6|nw:0|space:no|version:{v}",
+    }
+
+
+def _lines(text: str) -> list[str]:
+    """One sentence per '\\n'-terminated line (str.splitlines would also split on U+2028 etc.)."""
+    return text[:-1].split("\n") if text.endswith("\n") else text.split("\n")
+
+
+def real_test_2016_check(hyp_path: Path, mirror: Path):
+    """The metric on the system output for test_2016 equals sacreBLEU, batched as validation does."""
+    with gzip.open(mirror / "multi30k/test_2016_flickr.fr.gz", "rt", encoding="utf-8") as f:
+        refs = _lines(f.read())
+    hyps = _lines(hyp_path.read_text(encoding="utf-8"))
+    assert len(hyps) == len(refs) == 1000
+    expected = _sacrebleu(hyps, refs)
+    assert 0 < expected["bleu"] < 100
+    _close(corpus_scores(hyps, refs), expected)
+    ranks = [CorpusScores(), CorpusScores()]
+    for r, metric in enumerate(ranks):
+        for start in range(r * 256, len(hyps), 512):  # two ranks, batches of 256
+            metric.update(hyps[start : start + 256], refs[start : start + 256])
+    ranks[0].merge_state(ranks[1])
+    _close(ranks[0].compute(), expected)
+
+
+def test_metric_equals_sacrebleu_on_real_test_2016_output(mirror_dir):
+    if not HYPOTHESES.is_file():
+        pytest.skip(f"no {HYPOTHESES.relative_to(PROJECT_ROOT)}: the committed transformer system "
+                    "output appears after the next pipeline run (dvc repro evaluate@transformer)")
+    real_test_2016_check(HYPOTHESES, mirror_dir)
+
+
+# --- val_loss: a token-weighted MeanMetric -------------------------------------------------
+
+def test_val_loss_is_the_mean_over_all_target_tokens_of_two_batches():
+    import torch.nn.functional as F
+
+    from attnlab.data.tokenizer import PAD_ID
+    from attnlab.lit.translation import TranslationModule
+
+    torch.manual_seed(0)
+    net_cfg = {"_target_": "attnlab.models.transformer.Transformer", "d_model": 16, "num_heads": 2,
+               "num_layers": 1, "ffn_hidden": 32, "dropout": 0.0}
+    m = TranslationModule(net_cfg, {"_target_": "torch.optim.Adam", "_partial_": True}, vocab_size=30)
+    m.eval()
+    tgt_out = [torch.randint(4, 30, (3, 6)), torch.randint(4, 30, (2, 3))]
+    tgt_out[0][0, 2:] = PAD_ID  # 14 target tokens in the first batch, 6 in the second
+    batches = [{"src": torch.randint(4, 30, (len(t), 5)), "src_valid_lens": torch.full((len(t),), 5),
+                "tgt_in": torch.randint(4, 30, t.shape), "tgt_out": t} for t in tgt_out]
+    total, ntok = 0.0, 0
+    with torch.no_grad(), pytest.warns(UserWarning, match="trainer. reference is not registered"):
+        for i, batch in enumerate(batches):
+            m.validation_step(batch, i)
+            logits = m.net(batch["src"], batch["src_valid_lens"], batch["tgt_in"])
+            total += F.cross_entropy(logits.flatten(0, 1), batch["tgt_out"].flatten(),
+                                     ignore_index=PAD_ID, reduction="sum").item()
+            ntok += int((batch["tgt_out"] != PAD_ID).sum())
+    assert ntok == 20
+    batch_means = [m._loss(b, 0.0).item() for b in batches]
+    assert m.val_loss.compute().item() == pytest.approx(total / ntok, rel=1e-6)
+    assert total / ntok != pytest.approx(sum(batch_means) / 2, rel=1e-3)  # not the plain mean
+    m.val_loss.update(torch.tensor(float("nan")), weight=4)  # a diverged batch is not dropped
+    assert torch.isnan(m.val_loss.compute())

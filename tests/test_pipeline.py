@@ -23,6 +23,7 @@ import urllib.request
 from pathlib import Path
 
 import pytest
+import sacrebleu
 import torch
 import yaml
 from omegaconf import OmegaConf
@@ -80,7 +81,7 @@ def project(tmp_path_factory):
     _edit(root / "conf/model/bahdanau.yaml", **{"net.embed_size": 16, "net.num_hiddens": 32,
                                                 "batch_size": 8})
     _edit(root / "params.yaml", **{"models.bahdanau.max_epochs": 2,
-                                   "models.transformer.max_epochs": 2, "models.nw.max_epochs": 3,
+                                   "models.transformer.max_epochs": 2, "nw.max_epochs": 3,
                                    "device": "cpu"})
     root.env = _env(base / "mirror")
     subprocess.run([sys.executable, "-m", "dvc", "init", "--no-scm", "-q"], cwd=root, check=True)
@@ -103,10 +104,36 @@ def test_every_stage_wrote_its_outputs(project):
     assert nw["mse_constant"] == pytest.approx(nw["mse_average_pooling"])  # constant kernel = mean
     assert nw["mse_gaussian"] == pytest.approx(nw["mse_nonparametric"])  # both σ = 1
     assert {"mse_boxcar", "mse_epanechnikov"} <= set(nw)
+    references = _test_references(project, "fr")
     for m in SEQ2SEQ:
         scores = json.loads((project / f"metrics/{m}.json").read_text())
-        assert scores["num_sentences"] == 4
-        assert 0.0 <= scores["bleu"] <= 100.0 and 0.0 <= scores["chrf"] <= 100.0
+        hypotheses = (project / f"metrics/{m}.hyp.txt").read_text().splitlines()
+        assert scores["num_sentences"] == len(hypotheses) == len(references) == 4
+        # the scores are sacreBLEU's on the hypothesis file and the raw test references
+        assert scores["bleu"] == sacrebleu.corpus_bleu(hypotheses, [references]).score
+        assert scores["bleu_lc"] == sacrebleu.corpus_bleu(hypotheses, [references], lowercase=True).score
+        assert scores["chrf"] == sacrebleu.corpus_chrf(hypotheses, [references]).score
+        _assert_says_what_it_measured(scores, "en", "fr")
+
+
+def _test_references(project: Path, lang: str) -> list[str]:
+    """The test_2016_flickr side `lang` of the project's raw Multi30k, as evaluate scores it."""
+    import gzip
+
+    raw = project / f"data/raw/multi30k/test_2016_flickr.{lang}.gz"
+    return [line.strip() for line in gzip.decompress(raw.read_bytes()).decode().splitlines()]
+
+
+def _assert_says_what_it_measured(scores: dict, src_lang: str, tgt_lang: str) -> None:
+    """metrics/<model>.json names the corpus, pair, test set, decoding and sacreBLEU signatures."""
+    assert (scores["corpus"], scores["src_lang"], scores["tgt_lang"], scores["test_set"]) == (
+        "multi30k", src_lang, tgt_lang, "test_2016_flickr")
+    assert (scores["decoding"]["beam_size"], scores["decoding"]["alpha"]) == (5, 1.0)
+    version = sacrebleu.__version__
+    assert scores["signature"] == {
+        "bleu": f"nrefs:1|case:mixed|eff:no|tok:13a|smooth:exp|version:{version}",
+        "bleu_lc": f"nrefs:1|case:lc|eff:no|tok:13a|smooth:exp|version:{version}",
+        "chrf": f"nrefs:1|case:mixed|eff:yes|nc:6|nw:0|space:no|version:{version}"}
 
 
 def test_mlflow_store_has_runs_metrics_and_heatmaps(project):
@@ -139,6 +166,13 @@ def test_mlflow_store_has_runs_metrics_and_heatmaps(project):
             history = client.get_metric_history(run.info.run_id, key)
             assert len(history) == 2, key  # one per epoch
         assert "test_bleu" in run.data.metrics
+        scores = json.loads((project / f"metrics/{m}.json").read_text())
+        tags = run.data.tags
+        assert (tags["corpus"], tags["src_lang"], tags["tgt_lang"], tags["test_set"]) == (
+            "multi30k", "en", "fr", "test_2016_flickr")
+        assert tags["test_bleu_signature"] == scores["signature"]["bleu"]
+        assert json.loads(tags["test_decoding"]) == scores["decoding"]
+        assert run.data.metrics["test_bleu"] == scores["bleu"]
         losses = [h.value for h in client.get_metric_history(run.info.run_id, "train_loss")]
         assert losses[-1] < losses[0]
         assert any(f.startswith("attention/sent0_") for f in artifacts(run.info.run_id))
@@ -201,7 +235,8 @@ def test_model_config_edit_invalidates_only_that_model(project):
     try:
         path.write_text(original.replace("dropout: 0.1", "dropout: 0.2"))
         changed = json.loads(dvc(project, "status", "--json").stdout)
-        assert set(changed) == {"train@transformer"}
+        # evaluate reads the file too (its `decoding` settings)
+        assert set(changed) == {"train@transformer", "evaluate@transformer"}
     finally:
         path.write_text(original)
     assert "up to date" in dvc(project, "status").stdout
@@ -229,6 +264,20 @@ def test_export_decodes_like_the_checkpoint(project):
                          text=True, timeout=300)
     assert out.returncode == 0, out.stderr[-2000:]
     assert out.stdout.splitlines() == hyps
+
+
+def test_evaluate_decodes_on_the_device_it_is_given(project):
+    """evaluate reads `device` (dvc.yaml passes it): an accelerator this machine lacks is refused
+    up front, naming it, and the committed scores stay as they were."""
+    if torch.cuda.is_available():
+        pytest.skip("this machine has a GPU: device=gpu would run")
+    before = (project / "metrics/transformer.json").read_bytes()
+    out = subprocess.run([sys.executable, "src/evaluate.py", "model=transformer", "device=gpu"],
+                         cwd=project, env=project.env, capture_output=True, text=True, timeout=300)
+    assert out.returncode != 0
+    assert "evaluate failed: device.accelerator=gpu cannot run here" in out.stderr, out.stderr[-2000:]
+    assert "choose device=cpu" in out.stderr
+    assert (project / "metrics/transformer.json").read_bytes() == before
 
 
 def test_nw_export_predicts_like_the_model(project):
@@ -272,9 +321,9 @@ def _sha256s(root: Path, rel: str) -> dict:
 
 def test_second_concurrent_repro_stops_on_the_lock_and_the_first_finishes(project, tmp_path):
     # The first forces two cheap stages that leave nothing stale: `download` (its files are
-    # verified and kept, same hash) and `export@nw` (a leaf). Two commands give the second
+    # verified and kept, same hash) and `export_nw` (a leaf). Two commands give the second
     # two chances to meet a held path; it meets `data/raw` first, `runs/nw.json` otherwise.
-    stages = ["download", "export@nw"]
+    stages = ["download", "export_nw"]
     raw_before = _sha256s(project, "data/raw")
     x = torch.tensor([0.5, 2.5])
     nw_before = torch.jit.load(str(project / "models/nw/model.pt"))(x)
@@ -314,7 +363,8 @@ def test_second_concurrent_repro_stops_on_the_lock_and_the_first_finishes(projec
 # what `dvc pull` brings from the remote (the cached outputs).
 SHARED_OUTS = {"data/raw", "data/tokenized/multi30k-en-fr",
                *(f"{d}/{m}" for d in ("checkpoints", "models", "plots") for m in MODELS),
-               *(f"{d}/{m}.json" for d in ("runs", "metrics") for m in MODELS)}
+               *(f"{d}/{m}.json" for d in ("runs", "metrics") for m in MODELS),
+               *(f"metrics/{m}.hyp.txt" for m in SEQ2SEQ)}
 
 
 def _lock_outs(project: Path) -> dict:
@@ -413,10 +463,11 @@ def _exp_rows(project: Path) -> dict:
 
 @pytest.fixture(scope="module")
 def experiments(clone):
-    """Two experiments on the clone's commit: one queued (Transformer for 1 epoch) and run by a
-    `dvc queue` worker in a temporary workspace, and one run in the workspace (1 epoch, and a
-    Hydra overrides of the learning rate and weight decay through `models.transformer.overrides`)."""
-    queued = dvc(clone, "exp", "run", "--queue", "-n", "queued", "-S", "models.transformer.max_epochs=1")
+    """Two experiments on the clone's commit: one queued, English→German (`-S tgt_lang=de`), run by
+    a `dvc queue` worker in a temporary workspace, and one run in the workspace (Transformer for 1
+    epoch, and Hydra overrides of the learning rate and weight decay through
+    `models.transformer.overrides`)."""
+    queued = dvc(clone, "exp", "run", "--queue", "-n", "queued", "-S", "tgt_lang=de")
     assert queued.returncode == 0, queued.stderr[-3000:]
     ran = dvc(clone, "exp", "run", "-n", "lr", "-S", "models.transformer.max_epochs=1",
               "-S", f'models.transformer.overrides="{EXP_OVERRIDES}"')
@@ -434,49 +485,81 @@ def experiments(clone):
             time.sleep(3)
     finally:
         dvc(clone, "queue", "stop", "--kill")
-    assert "Success" in status, status + dvc(clone, "queue", "logs", "queued").stdout[-3000:]
+    logs = dvc(clone, "queue", "logs", "queued").stdout
+    assert "Success" in status, status + logs[-3000:]
     clone.rows = _exp_rows(clone)
+    clone.queued_log = logs
     return clone
 
 
-def test_exp_show_lists_bleu_and_the_params_of_each_experiment(experiments):
+def test_exp_show_lists_the_baseline_and_the_experiments_with_their_params(experiments):
     rows = experiments.rows
     assert set(rows) == {"baseline", "lr", "queued"}
-    params = {name: row[1]["models"]["transformer"] for name, row in rows.items()}
-    assert (params["baseline"]["max_epochs"], params["baseline"]["overrides"]) == (2, "")
-    assert (params["queued"]["max_epochs"], params["queued"]["overrides"]) == (1, "")
-    assert (params["lr"]["max_epochs"], params["lr"]["overrides"]) == (1, EXP_OVERRIDES)
+    params = {name: row[1] for name, row in rows.items()}
+    pairs = {name: (p["data"], p["src_lang"], p["tgt_lang"]) for name, p in params.items()}
+    assert pairs == {"baseline": ("multi30k", "en", "fr"), "lr": ("multi30k", "en", "fr"),
+                     "queued": ("multi30k", "en", "de")}
+    model = {name: p["models"]["transformer"] for name, p in params.items()}
+    assert (model["baseline"]["max_epochs"], model["baseline"]["overrides"]) == (2, "")
+    assert (model["queued"]["max_epochs"], model["queued"]["overrides"]) == (2, "")
+    assert (model["lr"]["max_epochs"], model["lr"]["overrides"]) == (1, EXP_OVERRIDES)
     for name, (rev, _, metrics) in rows.items():
-        committed = json.loads(subprocess.run(
-            ["git", "show", f"{rev}:metrics/transformer.json"], cwd=experiments,
-            capture_output=True, text=True, check=True).stdout)
-        assert metrics["metrics/transformer.json"] == committed
-        assert set(committed) >= {"bleu", "bleu_lc", "chrf"}
-        # the other models' stages did not re-run: their scores are the baseline's
+        for m in SEQ2SEQ:
+            committed = json.loads(subprocess.run(
+                ["git", "show", f"{rev}:metrics/{m}.json"], cwd=experiments,
+                capture_output=True, text=True, check=True).stdout)
+            assert metrics[f"metrics/{m}.json"] == committed
+            assert set(committed) >= {"bleu", "bleu_lc", "chrf"}
+        # NW reads no corpus: no experiment re-ran it, its scores are the baseline's
         assert metrics["metrics/nw.json"] == rows["baseline"][2]["metrics/nw.json"]
+    assert rows["lr"][2]["metrics/bahdanau.json"] == rows["baseline"][2]["metrics/bahdanau.json"]
+
+
+def test_a_language_experiment_runs_end_to_end_on_its_own_pair(experiments):
+    """`-S tgt_lang=de`, queued: tokenize and both translation models re-ran on
+    data/tokenized/multi30k-en-de, NW did not, and the metrics name the pair they measured."""
+    rev, _, metrics = experiments.rows["queued"]
+    log = experiments.queued_log
+    for stage in ("tokenize", *(f"{s}@{m}" for s in ("train", "evaluate", "export") for m in SEQ2SEQ)):
+        assert f"Running stage '{stage}'" in log, log[-3000:]
+    assert "Running stage 'train_nw'" not in log and "Running stage 'evaluate_nw'" not in log
+    lock = yaml.safe_load(subprocess.run(["git", "show", f"{rev}:dvc.lock"], cwd=experiments,
+                                         capture_output=True, text=True, check=True).stdout)
+    for m in SEQ2SEQ:
+        deps = {d["path"] for d in lock["stages"][f"train@{m}"]["deps"]}
+        assert "data/tokenized/multi30k-en-de" in deps and "data/tokenized/multi30k-en-fr" not in deps
+        _assert_says_what_it_measured(metrics[f"metrics/{m}.json"], "en", "de")
+        hyps = subprocess.run(["git", "show", f"{rev}:metrics/{m}.hyp.txt"], cwd=experiments,
+                              capture_output=True, text=True, check=True).stdout.splitlines()
+        assert metrics[f"metrics/{m}.json"]["bleu"] == sacrebleu.corpus_bleu(
+            hyps, [_test_references(experiments, "de")]).score
 
 
 def test_experiments_reach_hydra_and_log_to_the_projects_mlflow_store(experiments):
-    """The -S values reach the Hydra apps (the params of the experiments' MLflow runs), and the
-    queued run, made in DVC's temporary workspace (deleted since), is in the clone's own store
-    with its artifacts and its test scores."""
+    """The -S values reach the Hydra apps (the params and tags of the experiments' MLflow runs),
+    and the queued runs, made in DVC's temporary workspace (deleted since), are in the clone's
+    own store with their artifacts and test scores."""
     from mlflow.tracking import MlflowClient
 
     client = MlflowClient(tracking_uri=f"sqlite:///{experiments}/mlflow.db")
     exp = client.get_experiment_by_name("attnlab")
-    runs = {float(r.data.params["optimizer/lr"]): r for r in client.search_runs([exp.experiment_id])}
-    assert set(runs) == {EXP_LR, 0.001}  # the clone's own runs: the two experiments
+    found = client.search_runs([exp.experiment_id], "tags.model = 'transformer'")
+    runs = {(r.data.tags["tgt_lang"], float(r.data.params["optimizer/lr"])): r for r in found}
+    assert set(runs) == {("fr", EXP_LR), ("de", 0.001)}  # the clone's own runs: the two experiments
     rows = experiments.rows
-    for lr, name in ((EXP_LR, "lr"), (0.001, "queued")):
-        run = runs[lr]
-        assert run.info.status == "FINISHED" and run.data.tags["model"] == "transformer"
-        assert run.data.params["trainer/max_epochs"] == "1"
+    for key, name, epochs in ((("fr", EXP_LR), "lr", 1), (("de", 0.001), "queued", 2)):
+        run = runs[key]
+        assert run.info.status == "FINISHED" and run.data.tags["src_lang"] == "en"
+        assert run.data.params["data/tgt_lang"] == key[0] and run.data.tags["corpus"] == "multi30k"
+        assert run.data.params["trainer/max_epochs"] == str(epochs)
         assert float(run.data.params["optimizer/weight_decay"]) == (0.01 if name == "lr" else 0.0)
-        assert len(client.get_metric_history(run.info.run_id, "val_loss")) == 1
+        assert len(client.get_metric_history(run.info.run_id, "val_loss")) == epochs
         assert run.data.metrics["test_chrf"] == rows[name][2]["metrics/transformer.json"]["chrf"]
         assert run.info.artifact_uri.startswith(f"{experiments}/mlruns/")
         assert (Path(run.info.artifact_uri) / "checkpoint/best.ckpt").stat().st_size > 0
-    config = client.download_artifacts(runs[0.001].info.run_id, "config.yaml",
+    [bahdanau] = client.search_runs([exp.experiment_id], "tags.model = 'bahdanau'")
+    assert (bahdanau.data.tags["src_lang"], bahdanau.data.tags["tgt_lang"]) == ("en", "de")
+    config = client.download_artifacts(runs[("de", 0.001)].info.run_id, "config.yaml",
                                        str(experiments.parent / "dl-queued"))
     ran_in = yaml.safe_load(Path(config).read_text())["paths"]["root"]  # the queued run's root
     assert ran_in.startswith(f"{experiments}/.dvc/tmp/exps/") and not Path(ran_in).exists()
@@ -485,10 +568,11 @@ def test_experiments_reach_hydra_and_log_to_the_projects_mlflow_store(experiment
 def test_metrics_diff_and_plots_diff_compare_experiments(experiments):
     rows = experiments.rows
     revs = {name: rows[name][0] for name in ("baseline", "lr", "queued")}
-    # `metrics diff` lists what changed (tiny models: BLEU is 0 in all three, chrF is not)
-    diff = json.loads(dvc(experiments, "metrics", "diff", revs["baseline"], revs["queued"],
+    # `metrics diff` lists what changed: the lr experiment re-ran the Transformer alone (tiny
+    # models: BLEU is 0 in both, chrF is not)
+    diff = json.loads(dvc(experiments, "metrics", "diff", revs["baseline"], revs["lr"],
                           "--json").stdout)
-    old, new = (rows[name][2]["metrics/transformer.json"]["chrf"] for name in ("baseline", "queued"))
+    old, new = (rows[name][2]["metrics/transformer.json"]["chrf"] for name in ("baseline", "lr"))
     assert old != new
     assert diff == {"metrics/transformer.json": {"chrf": {"old": old, "new": new,
                                                          "diff": pytest.approx(new - old)}}}
@@ -499,14 +583,68 @@ def test_metrics_diff_and_plots_diff_compare_experiments(experiments):
     assert curve["revisions"] == list(revs.values())
     points = [v for v in curve["content"]["data"]["values"] if v["filename"] == "transformer/history.csv"]
     epochs = {name: [int(v["epoch"]) for v in points if v["rev"] == rev] for name, rev in revs.items()}
-    assert epochs == {"baseline": [1, 2], "lr": [1], "queued": [1]}
+    assert epochs == {"baseline": [1, 2], "lr": [1], "queued": [1, 2]}
     val_loss = {name: float(v["val_loss"]) for name, rev in revs.items() for v in points
                 if v["rev"] == rev and v["epoch"] == "1"}
-    assert val_loss["lr"] != val_loss["queued"] == val_loss["baseline"]  # same seed, lr and epoch 1
+    assert len(set(val_loss.values())) == 3  # another learning rate, another target language
     epoch1 = "plots/transformer/attention/epochs/epoch01/sent0_encoder_decoder_layer2.png"
     assert [p["revisions"] for p in plots[epoch1]] == [[r] for r in revs.values()]
     epoch2 = epoch1.replace("epoch01", "epoch02")
-    assert [p["revisions"] for p in plots[epoch2]] == [[revs["baseline"]]]
+    assert [p["revisions"] for p in plots[epoch2]] == [[revs["baseline"]], [revs["queued"]]]
+
+
+# --- the DVC graph follows params.yaml ----------------------------------------------------
+# One value chooses the translation models' corpus and direction; every path is built from it.
+# What `dvc exp run -S key=value` does to params.yaml is done here by hand, then undone.
+DIRECTIONS = {"tgt_lang=de": ("multi30k", "en", "de"), "data=fra_eng": ("fra_eng", "en", "fr"),
+              "src_lang=fr tgt_lang=en": ("multi30k", "fr", "en")}
+TRANSLATION_STAGES = {f"{s}@{m}" for s in ("train", "evaluate", "export") for m in SEQ2SEQ}
+
+
+@contextlib.contextmanager
+def _params(project: Path, settings: str):
+    """params.yaml with `settings` ("key=value key=value") applied, restored afterwards."""
+    path = project / "params.yaml"
+    original = path.read_text()
+    try:
+        _edit(path, **dict(kv.split("=") for kv in settings.split()))
+        yield
+    finally:
+        path.write_text(original)
+
+
+def _edges(project: Path, *flags: str) -> set[tuple[str, str]]:
+    """The (from, to) edges of `dvc dag --dot` (with --outs: between output paths)."""
+    import re
+
+    dot = dvc(project, "dag", "--dot", *flags)
+    assert dot.returncode == 0, dot.stderr[-3000:]
+    return set(re.findall(r'"([^"]+)" -> "([^"]+)"', dot.stdout))
+
+
+@pytest.mark.parametrize("settings", DIRECTIONS)
+def test_the_dag_connects_tokenize_to_the_translation_models_for_any_direction(project, settings):
+    corpus, src, tgt = DIRECTIONS[settings]
+    folder = f"data/tokenized/{corpus}-{src}-{tgt}"
+    with _params(project, settings):
+        stages, outs = _edges(project), _edges(project, "--outs")
+        changed = set(json.loads(dvc(project, "status", "--json").stdout))
+    for m in SEQ2SEQ:
+        assert {("tokenize", f"train@{m}"), (f"train@{m}", f"evaluate@{m}"),
+                (f"train@{m}", f"export@{m}")} <= stages, stages
+        assert (folder, f"checkpoints/{m}") in outs, outs  # trains on the folder tokenize writes
+    assert ("download", "tokenize") in stages
+    assert not {e for e in stages if "nw" in e[1] and e[0] != "train_nw"}, stages
+    # NW reads no corpus: changing the corpus or direction leaves its stages up to date
+    assert changed == {"tokenize"} | TRANSLATION_STAGES, changed
+
+
+def test_a_corpus_without_the_asked_language_is_refused_by_tokenize(project):
+    out = subprocess.run([sys.executable, "src/tokenize_data.py", "data=fra_eng", "data.tgt_lang=de"],
+                         cwd=project, env=project.env, capture_output=True, text=True, timeout=120)
+    assert out.returncode != 0
+    assert "data=fra_eng has the languages en, fr; tgt_lang=de is not one of them" in out.stderr
+    assert not (project / "data/tokenized/fra_eng-en-de").exists()
 
 # --- the MLflow UI, through its REST API and in a real browser ------------------------------
 # `mlflow ui` serves MLflow's single-page web app and, under /ajax-api/2.0/mlflow/, the REST

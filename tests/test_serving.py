@@ -2,8 +2,9 @@
 
 A tiny Transformer learns the 48 sentence pairs of ``corpus_fixture`` (about
 2 s on one thread), is exported with :mod:`attnlab.export` (input limit 80
-characters, beam 3, α = 1) and logged + registered by
-:func:`attnlab.export.log_served_model` in a real temporary SQLite store.
+characters, beam 3, α = 1) and logged + registered twice by
+:func:`attnlab.export.log_served_model` in a real temporary SQLite store, as two
+runs of the export stage would: versions 1 and 2, the alias ``champion`` on 2.
 The reference for every prediction is the export decoded the way
 ``src/translate.py`` decodes it (:func:`attnlab.decoding.translate_text`).
 """
@@ -27,7 +28,8 @@ from mlflow.exceptions import MlflowException
 from attnlab.data.batching import collate
 from attnlab.data.tokenizer import PAD_ID, train_sentencepiece
 from attnlab.decoding import translate_text
-from attnlab.export import export_translation, load_translator, log_served_model
+from attnlab.export import (CHAMPION, export_translation, load_translator, log_served_model,
+                            serve_command)
 from attnlab.models.transformer import Transformer
 from corpus_fixture import sentences
 
@@ -72,10 +74,13 @@ def store(tmp_path_factory):
         t0 = time.perf_counter()
         name, version = log_served_model(export_dir, "transformer", run_id, uri)
         log_s = time.perf_counter() - t0
+        alias_after_first = client.get_model_version_by_alias(name, CHAMPION).version
+        second = log_served_model(export_dir, "transformer", run_id, uri)  # the stage re-run
         init_state, step, tok, _ = load_translator(export_dir)
         expected = translate_text(init_state, step, tok, SOURCES, **DECODING)
         yield {"uri": uri, "run_id": run_id, "name": name, "version": version, "client": client,
-               "expected": expected, "log_s": log_s, "tmp": tmp}
+               "second": second, "alias_after_first": alias_after_first,
+               "expected": expected, "log_s": log_s, "tmp": tmp, "export_dir": export_dir}
         mlflow.set_tracking_uri(None)
 
 
@@ -85,9 +90,25 @@ def test_registered_once_per_architecture_in_the_training_run(store):
     mv = client.get_model_version("attnlab-transformer", "1")
     assert mv.run_id == store["run_id"]
     assert f"at most {MAX_CHARS} characters" in mv.description
-    assert "mlflow models serve -m models:/attnlab-transformer/1 --env-manager local" in mv.description
+    assert mv.description.endswith(f"Serve: MLFLOW_TRACKING_URI={store['uri']} mlflow models serve "
+                                   "-m models:/attnlab-transformer/1")
     assert client.get_run(store["run_id"]).info.status == "FINISHED"  # resumed, not failed
     print(f"log + load-back check + register: {store['log_s']:.1f} s")
+
+
+def test_champion_alias_follows_the_newest_version(store):
+    client = store["client"]
+    assert int(store["alias_after_first"]) == 1
+    assert store["second"] == ("attnlab-transformer", 2)
+    assert int(client.get_model_version_by_alias("attnlab-transformer", CHAMPION).version) == 2
+    assert {k: int(v) for k, v in client.get_registered_model("attnlab-transformer").aliases.items()
+            } == {CHAMPION: 2}
+    model = mlflow.pyfunc.load_model(f"models:/attnlab-transformer@{CHAMPION}")
+    assert model.predict(SOURCES) == store["expected"]
+    # what the export stage prints: the champion, in the model's own environment
+    assert serve_command("attnlab-transformer", store["uri"]) == (
+        f"MLFLOW_TRACKING_URI={store['uri']} mlflow models serve "
+        "-m models:/attnlab-transformer@champion")
 
 
 def test_pyfunc_translates_like_translate_py(store):
@@ -134,8 +155,11 @@ def test_mlflow_models_serve_answers_requests(store):
     env = {**os.environ, "MLFLOW_TRACKING_URI": store["uri"], "PATH": path}
     t0 = time.perf_counter()
     server = subprocess.Popen(
-        [sys.executable, "-m", "mlflow", "models", "serve", "-m", "models:/attnlab-transformer/1",
-         "--env-manager", "local", "-p", str(port), "--host", "127.0.0.1"],
+        # `local`: this venv, no environment to build (tests/test_served_env.py builds the
+        # model's own environment from its requirements.txt and translates in it).
+        [sys.executable, "-m", "mlflow", "models", "serve", "-m",
+         f"models:/attnlab-transformer@{CHAMPION}", "--env-manager", "local",
+         "-p", str(port), "--host", "127.0.0.1"],
         env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
     base = f"http://127.0.0.1:{port}"
     try:

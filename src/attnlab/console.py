@@ -203,8 +203,9 @@ class _LineFilter:
 
 # (logged metric, label, format): the numbers of an epoch line, as MLflow has them.
 EPOCH_COLUMNS = (("train_loss", "train_loss", ".4f"), ("val_loss", "val_loss", ".4f"),
-                 ("val_bleu", "val_bleu", ".2f"), ("tokens_per_sec", "tokens/s", ".0f"))
-_VAL_KEYS = ("val_loss", "val_bleu")
+                 ("val_bleu", "val_bleu", ".2f"), ("val_chrf", "val_chrf", ".2f"),
+                 ("tokens_per_sec", "tokens/s", ".0f"))
+_VAL_KEYS = ("val_loss", "val_bleu", "val_chrf")
 
 
 def _scalar(v) -> float:
@@ -416,10 +417,11 @@ def evaluate_summary(name: str, scores: dict, metrics_path: Path, record: dict,
 
 def export_summary(name: str, folder: Path, record: dict, registered: str | None = None,
                    version: int | str | None = None, serve: str | None = None) -> str:
-    """The end-of-export summary: the folder, the registered MLflow model (name, version),
-    the run it was logged to, and the commands that serve and use it."""
+    """The end-of-export summary: the folder, the registered MLflow model (name, the new
+    version, which now has the alias ``champion``), the run it was logged to, and the
+    commands that serve (``serve``, from :func:`attnlab.export.serve_command`) and use it."""
     rows = [("folder", folder),
-            ("registered", f"{registered} version {version}" if registered else None)]
+            ("registered", f"{registered} version {version} (alias champion)" if registered else None)]
     run_rows, notes = _run_rows(record)
     rows += [r for r in run_rows if r[0] == "MLflow run"]
     rows += [("serve", serve),

@@ -18,6 +18,11 @@ import torch
 from attnlab.data.tokenizer import BOS_ID, EOS_ID, PAD_ID
 
 
+# What evaluate reports of its decoding (metrics/<model>.json → decoding).
+MAX_OUTPUT_LEN = "min(1.5 * source tokens + 10, 256), <eos> included, per batch of sources"
+LENGTH_PENALTY = "log P(Y) / ((5 + |Y|) / 6) ** alpha, |Y| with <eos> (Wu et al. 2016, eq. 14)"
+
+
 def max_output_len(src_len: int, a: float = 1.5, b: int = 10, cap: int = 256) -> int:
     """Decoding length limit for a source of ``src_len`` tokens: min(a·src_len + b, cap)."""
     return min(int(a * src_len + b), cap)

@@ -10,7 +10,10 @@ text-in, text-out front end (``src/translate.py`` and the MLflow model of
 :mod:`attnlab.serving` use it): the export's beam settings, its input limit
 (``config.json`` → ``serving``), and "" → "".
 :func:`log_served_model` logs an export folder as an MLflow pyfunc model and
-registers it (the export stage calls it for every translation model).
+registers it (the export stage calls it for every translation model); the newest
+version has the alias ``champion``, and the model's ``requirements.txt`` pins
+everything its code imports (:func:`served_requirements`), so it loads in a fresh
+environment built from that file alone.
 NW exports ``model.pt`` mapping x (Q,) float32 → ŷ (Q,), with its training
 points baked in.
 """
@@ -228,12 +231,21 @@ class Translator:
 # --- MLflow serving: the export folder as a registered pyfunc model -------------------------
 
 SERVING_CODE = Path(__file__).with_name("serving.py")  # the "models from code" file
+PACKAGE_DIR = SERVING_CODE.parent  # this package: the served model's code path
 EXPORT_ARTIFACT = "export"  # key of the export folder in the pyfunc's context.artifacts
 SERVING_EXAMPLE = ["A man rides a bike."]
+CHAMPION = "champion"  # registry alias of the newest version of each registered model
+# Top-level module → its pip distribution, for modules that several installed distributions
+# provide and that are not named like one of them (see served_requirements).
+SERVED_DISTRIBUTIONS: dict[str, str] = {}
 
 
 class ServingExportError(RuntimeError):
     """Logging or registering the served model in MLflow failed."""
+
+
+class ServedRequirementsError(RuntimeError):
+    """The served code imports a module that no installed pip distribution provides."""
 
 
 def registered_model_name(model: str) -> str:
@@ -241,20 +253,174 @@ def registered_model_name(model: str) -> str:
     return f"attnlab-{model}"
 
 
-def serve_command(name: str, version: int | str, tracking_uri: str) -> str:
-    """The shell command that serves version ``version`` of registered model ``name``."""
+def served_model_uri(name: str, version: int | str | None = None) -> str:
+    """``models:/<name>@champion`` (the newest version), or ``models:/<name>/<version>``."""
+    return f"models:/{name}@{CHAMPION}" if version is None else f"models:/{name}/{version}"
+
+
+def serve_command(name: str, tracking_uri: str, version: int | str | None = None) -> str:
+    """The shell command that serves registered model ``name``: its ``champion`` alias
+    (the newest version), or ``version`` when given.
+
+    No ``--env-manager``: MLflow's default (``virtualenv``) builds the model's own
+    environment from its ``requirements.txt`` (:func:`served_requirements`), so the
+    command works on any machine that reaches the store (it needs pyenv; from the
+    project's virtualenv ``--env-manager local`` skips the build).
+    """
     return (f"MLFLOW_TRACKING_URI={tracking_uri} mlflow models serve "
-            f"-m models:/{name}/{version} --env-manager local")
+            f"-m {served_model_uri(name, version)}")
 
 
-def _pip_requirements() -> list[str]:
-    from importlib.metadata import version
+def _module_file(package_dir: Path, module: str) -> Path | None:
+    """The file of ``module`` (dotted, inside the package at ``package_dir``), or None."""
+    parts = module.split(".")
+    if parts[0] != package_dir.name:
+        return None
+    base = package_dir.parent.joinpath(*parts)
+    for path in (base / "__init__.py", base.with_suffix(".py")):
+        if path.is_file():
+            return path
+    return None
 
-    import mlflow
 
-    # Local version labels (torch's "+cpu") are not installable from PyPI.
-    return [f"mlflow=={mlflow.__version__}"] + [
-        f"{pkg}=={version(pkg).split('+')[0]}" for pkg in ("torch", "sentencepiece", "numpy")]
+def _catches_import_error(node) -> bool:
+    import ast
+
+    names = {"ImportError", "ModuleNotFoundError", "Exception", "BaseException"}
+    for handler in node.handlers:
+        kinds = handler.type.elts if isinstance(handler.type, ast.Tuple) else [handler.type]
+        if handler.type is None or any(isinstance(k, ast.Name) and k.id in names for k in kinds):
+            return True
+    return False
+
+
+def _imports_in(path: Path, module: str) -> list[tuple[str, bool]]:
+    """(absolute dotted module, optional) for every import statement of file ``path``.
+
+    ``module`` is the file's own dotted name (for resolving relative imports).
+    For ``from X import a`` both ``X`` and ``X.a`` are returned (``a`` may be a submodule).
+    An import inside ``try`` whose ``except`` catches ImportError is optional.
+    """
+    import ast
+
+    tree = ast.parse(path.read_text(encoding="utf-8"), filename=str(path))
+    package = module.split(".") if path.name == "__init__.py" else module.split(".")[:-1]
+    found: list[tuple[str, bool]] = []
+
+    def visit(node, optional: bool) -> None:
+        if isinstance(node, ast.Import):
+            found.extend((alias.name, optional) for alias in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:  # relative: from .x import y
+                base = ".".join(package[:len(package) - node.level + 1] + ([base] if base else []))
+            found.append((base, optional))
+            found.extend((f"{base}.{alias.name}", optional)
+                         for alias in node.names if alias.name != "*")
+        for child in ast.iter_child_nodes(node):
+            in_try = (isinstance(node, ast.Try) and child in node.body
+                      and _catches_import_error(node))
+            visit(child, optional or in_try)
+
+    visit(tree, False)
+    return found
+
+
+def served_imports(entry: Path = SERVING_CODE, package_dir: Path = PACKAGE_DIR) -> dict[str, bool]:
+    """Third-party top-level modules the served code may import → whether all are optional.
+
+    Reads (never runs) ``entry`` and, transitively, every module of the package at
+    ``package_dir`` (``src/attnlab``) that it imports, parent packages' ``__init__.py``
+    included, as Python runs them. Imports inside functions count (a lazy
+    ``import sentencepiece`` is still needed when that function runs); standard-library
+    modules and the package itself are left out. An import in a ``try`` whose
+    ``except`` catches ImportError is optional (True) unless it is also imported
+    unconditionally somewhere.
+
+    Returns:
+        ``{top-level module name: optional}``, e.g. ``{"torch": False, ...}``.
+    Raises:
+        SyntaxError: a reached file does not parse.
+    """
+    import sys
+
+    package_dir = Path(package_dir).resolve()
+    package = package_dir.name
+    entry = Path(entry).resolve()
+    module = (".".join((package, *entry.relative_to(package_dir).with_suffix("").parts))
+              if entry.is_relative_to(package_dir) else entry.stem)
+    todo = [(entry, module)]
+    seen: set[Path] = set()
+    third_party: dict[str, bool] = {}
+    while todo:
+        path, module = todo.pop()
+        if path in seen:
+            continue
+        seen.add(path)
+        for name, optional in _imports_in(path, module):
+            top = name.split(".")[0]
+            if top == package:
+                parts = name.split(".")
+                for i in range(1, len(parts) + 1):  # importing a.b.c runs a, a.b and a.b.c
+                    sub = ".".join(parts[:i])
+                    file = _module_file(package_dir, sub)
+                    if file is not None:
+                        todo.append((file, sub))
+            elif top and top not in sys.stdlib_module_names and top != "__future__":
+                third_party[top] = third_party.get(top, True) and optional
+    return third_party
+
+
+def served_requirements(entry: Path = SERVING_CODE, package_dir: Path = PACKAGE_DIR) -> list[str]:
+    """Pip requirements of the served model, derived from what its code imports.
+
+    One exact pin ``<distribution>==<installed version>`` per distribution that provides
+    a module of :func:`served_imports` (when several distributions provide it:
+    :data:`SERVED_DISTRIBUTIONS`, else the one named like the module, e.g. ``mlflow``
+    over ``mlflow-skinny`` and ``mlflow-tracing``), sorted by name.
+    A local version label is dropped (torch ``2.13.0+cpu`` → ``torch==2.13.0``): such
+    labels do not install from PyPI. Optional imports that are not installed are left out.
+    Deriving them means a new import in the served code is a new requirement, not a
+    model that fails to load elsewhere; ``tests/test_served_env.py`` installs exactly
+    this list into a fresh virtualenv and translates with it.
+
+    Returns:
+        e.g. ``["mlflow==3.17.2", "numpy==2.4.6", "omegaconf==2.3.1", ...]``.
+    Raises:
+        ServedRequirementsError: a module is not installed, or no single distribution
+            provides it (names the module and the fix).
+    """
+    import re
+    from importlib.metadata import PackageNotFoundError, packages_distributions, version
+
+    def norm(name: str) -> str:
+        return re.sub(r"[-_.]+", "-", name).lower()
+
+    providers = packages_distributions()
+    pins: dict[str, str] = {}
+    for module, optional in sorted(served_imports(entry, package_dir).items()):
+        dists = sorted({norm(d) for d in providers.get(module, [])})
+        if not dists:
+            if optional:
+                continue
+            raise ServedRequirementsError(
+                f"the served code ({package_dir}) imports `{module}`, which no installed "
+                "distribution provides, so the served model's requirements.txt cannot pin it. "
+                f"Install it in this environment (add it to pyproject.toml) or remove the import")
+        dist = (norm(SERVED_DISTRIBUTIONS[module]) if module in SERVED_DISTRIBUTIONS
+                else norm(module) if norm(module) in dists else dists[0] if len(dists) == 1
+                else None)
+        if dist is None:
+            raise ServedRequirementsError(
+                f"the served code imports `{module}`, which several installed distributions "
+                f"provide ({', '.join(dists)}); add the one to install to "
+                "attnlab.export.SERVED_DISTRIBUTIONS")
+        try:
+            pins[dist] = version(dist).split("+")[0]
+        except PackageNotFoundError as e:  # metadata without a version: a broken install
+            raise ServedRequirementsError(f"`{module}` comes from {dist}, whose version is "
+                                          f"unknown; reinstall it ({e})") from e
+    return [f"{dist}=={v}" for dist, v in sorted(pins.items())]
 
 
 def log_served_model(export_dir: Path, model: str, run_id: str, tracking_uri: str) -> tuple[str, int]:
@@ -266,7 +432,11 @@ def log_served_model(export_dir: Path, model: str, run_id: str, tracking_uri: st
     list of str → list of str (from the type hints). Its metadata and the
     version's description state the input limit. The logged model is loaded
     back and run on :data:`SERVING_EXAMPLE` before it is registered, so only a
-    model that translates gets a version. Every call adds a new version.
+    model that translates gets a version. Every call adds a new version and moves
+    the alias ``champion`` (:data:`CHAMPION`) to it, so ``models:/<name>@champion``
+    is the newest. Its ``requirements.txt`` is :func:`served_requirements`: exact
+    pins of everything the logged code imports, so the model loads in a fresh
+    environment built from that file alone (``--env-manager virtualenv``, Docker).
     Sets this process's MLflow tracking URI to ``tracking_uri``.
 
     Args:
@@ -279,12 +449,16 @@ def log_served_model(export_dir: Path, model: str, run_id: str, tracking_uri: st
         (registered model name, version number).
     Raises:
         FileNotFoundError, ValueError: ``export_dir`` is not a translation export.
-        ServingExportError: logging, loading back or registering failed (names run, store, fix).
+        ServedRequirementsError: the served code imports a module that cannot be pinned
+            (nothing is logged then).
+        ServingExportError: logging, loading back, registering or setting the alias failed
+            (names run, store, fix).
     """
     import mlflow
 
     export_dir = Path(export_dir).resolve()
     translator = Translator(export_dir)
+    requirements = served_requirements()
     name = registered_model_name(model)
     limits = {"max_input_chars": translator.max_input_chars,
               "max_input_tokens": translator.max_input_tokens}
@@ -300,7 +474,7 @@ def log_served_model(export_dir: Path, model: str, run_id: str, tracking_uri: st
             info = mlflow.pyfunc.log_model(
                 name="translator", python_model=str(SERVING_CODE),
                 artifacts={EXPORT_ARTIFACT: str(export_dir)}, code_paths=[str(SERVING_CODE.parent)],
-                input_example=SERVING_EXAMPLE, pip_requirements=_pip_requirements(),
+                input_example=SERVING_EXAMPLE, pip_requirements=requirements,
                 metadata=metadata, tags={"model": model})
         finally:  # the training run keeps its status (a failed export is not a failed training)
             mlflow.end_run(status if status in ("FINISHED", "FAILED", "KILLED") else "FINISHED")
@@ -311,11 +485,14 @@ def log_served_model(export_dir: Path, model: str, run_id: str, tracking_uri: st
                              "expected a list of one string")
         step = "registering"
         version = int(mlflow.register_model(info.model_uri, name).version)
-        mlflow.MlflowClient(tracking_uri).update_model_version(name, version, description=(
+        client = mlflow.MlflowClient(tracking_uri)
+        client.update_model_version(name, version, description=(
             f"{model} translation model of run {run_id}. Input: a list of sentences, each at most "
             f"{translator.max_input_chars} characters (longer: HTTP 400, INVALID_PARAMETER_VALUE); "
             f"an empty sentence translates to \"\". Beam size {translator.beam_size}, "
-            f"alpha {translator.alpha}. Serve: {serve_command(name, version, tracking_uri)}"))
+            f"alpha {translator.alpha}. Serve: {serve_command(name, tracking_uri, version)}"))
+        step = f"setting the alias {CHAMPION} of"
+        client.set_registered_model_alias(name, CHAMPION, version)
     except Exception as e:  # noqa: BLE001 - any failure means "not served"; the cause is chained
         raise ServingExportError(
             f"{step} the served model {name} (export {export_dir}) in MLflow run {run_id} at "

@@ -1,4 +1,12 @@
-"""Translation metrics: D2L's per-sentence BLEU and sacreBLEU corpus BLEU/chrF."""
+"""Translation metrics: D2L's per-sentence BLEU and sacreBLEU corpus BLEU/chrF.
+
+The corpus scores are sacreBLEU's (Post 2018), kept as its sufficient statistics in a
+``torchmetrics.Metric`` so they can be accumulated batch by batch and summed across DDP
+ranks. torchmetrics' own ``SacreBLEUScore``/``CHRFScore`` are not used: they differ from
+sacreBLEU (no 'exp' smoothing when an n-gram order has no match, float32 arithmetic, and
+chrF's whitespace and empty-hypothesis handling), e.g. 0.0 vs sacreBLEU's 8.1167 on a
+one-sentence corpus with no 4-gram match.
+"""
 from __future__ import annotations
 
 import collections
@@ -6,6 +14,9 @@ import math
 from typing import Sequence
 
 import sacrebleu
+import torch
+from sacrebleu.metrics import BLEU, CHRF
+from torchmetrics import Metric
 
 
 def d2l_bleu(pred_seq: str, label_seq: str, k: int) -> float:
@@ -35,19 +46,94 @@ def d2l_bleu(pred_seq: str, label_seq: str, k: int) -> float:
     return score
 
 
+def _sacrebleu_metrics() -> dict[str, BLEU | CHRF]:
+    """sacreBLEU's metric objects with the settings of ``corpus_bleu``/``corpus_chrf``' defaults."""
+    return {"bleu": BLEU(tokenize="13a"), "bleu_lc": BLEU(tokenize="13a", lowercase=True),
+            "chrf": CHRF()}
+
+
+def _check_pairs(hypotheses: Sequence[str], references: Sequence[str]) -> None:
+    if len(hypotheses) != len(references):
+        raise ValueError(f"{len(hypotheses)} hypotheses but {len(references)} references")
+    for what, lines in (("hypothesis", hypotheses), ("reference", references)):
+        for i, line in enumerate(lines):
+            if not isinstance(line, str):
+                raise TypeError(f"{what} {i} is {type(line).__name__}, not a str: "
+                                "pass detokenized text, one string per sentence")
+
+
+class CorpusScores(Metric):
+    """sacreBLEU corpus BLEU (cased and lowercased, 13a) and chrF2 as summable statistics.
+
+    ``update(hypotheses, references)`` takes detokenized text, one reference per hypothesis
+    (same order; *not* sacreBLEU's reference streams) and adds each pair's sacreBLEU
+    sufficient statistics to integer states: for BLEU ``[hyp_len, ref_len, matches_1..4,
+    totals_1..4]`` (``int64``, shape ``(10,)``), for chrF the per-order
+    ``[hyp_count, ref_count, matches]`` of character 1..6-grams (``int64``, shape ``(18,)``).
+    Corpus BLEU and chrF are functions of these sums alone, so the states are summed across
+    DDP ranks (``dist_reduce_fx="sum"``) and ``compute()`` gives the score of the union of all
+    ranks' sentences, whatever the batching. Statistics and scores are sacreBLEU's own code
+    (``BLEU``/``CHRF`` ``_extract_corpus_statistics`` and ``_compute_score_from_stats``), so
+    ``compute()`` equals ``sacrebleu.corpus_bleu``/``corpus_chrf`` on the same pairs exactly.
+
+    ``compute()`` returns ``{"bleu", "bleu_lc", "chrf"}``: Python floats in [0, 100] (0.0 for
+    all three when nothing was added).
+    Raises (from ``update``):
+        ValueError: if the two lists differ in length.
+        TypeError: if an element is not a ``str``.
+    """
+
+    is_differentiable = False
+    higher_is_better = True
+    full_state_update = False
+
+    def __init__(self, **kwargs):
+        super().__init__(**kwargs)
+        self._scorers = _sacrebleu_metrics()
+        sizes = {"bleu": 2 + 2 * self._scorers["bleu"].max_ngram_order,
+                 "bleu_lc": 2 + 2 * self._scorers["bleu_lc"].max_ngram_order,
+                 "chrf": 3 * self._scorers["chrf"].order}
+        for key, size in sizes.items():
+            self.add_state(f"{key}_stats", torch.zeros(size, dtype=torch.int64), dist_reduce_fx="sum")
+
+    def update(self, hypotheses: Sequence[str], references: Sequence[str]) -> None:
+        _check_pairs(hypotheses, references)
+        if not hypotheses:
+            return
+        refs = [list(references)]  # sacreBLEU takes reference *streams*
+        for key, scorer in self._scorers.items():
+            per_sentence = scorer._extract_corpus_statistics(list(hypotheses), refs)
+            state = getattr(self, f"{key}_stats")
+            state += torch.tensor(per_sentence, dtype=torch.int64).sum(dim=0).to(state.device)
+
+    def compute(self) -> dict[str, float]:
+        return {key: float(scorer._compute_score_from_stats(getattr(self, f"{key}_stats").tolist()).score)
+                for key, scorer in self._scorers.items()}
+
+
 def corpus_scores(hypotheses: Sequence[str], references: Sequence[str]) -> dict[str, float]:
     """sacreBLEU on detokenized text, one reference per hypothesis (same order).
 
     Returns ``bleu`` (corpus BLEU, cased, 13a tokenization), ``bleu_lc``
-    (lowercased) and ``chrf`` (chrF2), each in [0, 100].
+    (lowercased) and ``chrf`` (chrF2), each a float in [0, 100], equal to
+    ``sacrebleu.corpus_bleu``/``corpus_chrf`` (via :class:`CorpusScores`).
     Raises:
         ValueError: if the two lists differ in length.
+        TypeError: if an element is not a ``str``.
     """
-    if len(hypotheses) != len(references):
-        raise ValueError(f"{len(hypotheses)} hypotheses but {len(references)} references")
-    refs = [list(references)]  # sacreBLEU takes reference *streams*
-    return {
-        "bleu": sacrebleu.corpus_bleu(hypotheses, refs).score,
-        "bleu_lc": sacrebleu.corpus_bleu(hypotheses, refs, lowercase=True).score,
-        "chrf": sacrebleu.corpus_chrf(hypotheses, refs).score,
-    }
+    metric = CorpusScores(sync_on_compute=False)
+    metric.update(hypotheses, references)
+    return metric.compute()
+
+
+def sacrebleu_signatures() -> dict[str, str]:
+    """sacreBLEU's signature of each score of :func:`corpus_scores`, for one reference stream.
+
+    Keys ``bleu``, ``bleu_lc``, ``chrf``; values from sacreBLEU's ``get_signature()``, e.g.
+    ``nrefs:1|case:mixed|eff:no|tok:13a|smooth:exp|version:2.6.0``.
+    """
+    signatures = {}
+    for key, scorer in _sacrebleu_metrics().items():
+        scorer.corpus_score(["."], [["."]])  # sacreBLEU fixes ``nrefs`` when it reads references
+        signatures[key] = str(scorer.get_signature())
+    return signatures

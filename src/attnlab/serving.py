@@ -15,6 +15,12 @@ limit in the message, and nothing of the request is decoded.
 
 No ``from __future__ import annotations`` here: MLflow reads ``predict``'s
 type hints at class creation to build the signature and validate inputs.
+
+The model's ``requirements.txt`` is derived from the imports of this file and of
+the attnlab modules it reaches (:func:`attnlab.export.served_requirements`): a new
+import statement there becomes a new pinned requirement. Import modules with
+``import`` statements, not ``importlib``, which that derivation cannot see
+(``tests/test_served_env.py`` would then fail in its fresh virtualenv).
 """
 import mlflow
 from mlflow.exceptions import MlflowException

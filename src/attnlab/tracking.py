@@ -87,11 +87,13 @@ def write_run_record(path: Path, run_id: str, tracking_uri: str, experiment: str
 
 
 def log_to_run(run_id: str, uri: str, metrics: dict | None = None,
-               artifacts: list[tuple[Path, str]] | None = None) -> None:
-    """Add metrics and (file, artifact dir) pairs to an existing MLflow run."""
+               artifacts: list[tuple[Path, str]] | None = None, tags: dict | None = None) -> None:
+    """Add metrics, (file, artifact dir) pairs and tags (str → str) to an existing MLflow run."""
     from mlflow.tracking import MlflowClient
 
     client = MlflowClient(tracking_uri=uri)
+    for k, v in (tags or {}).items():
+        client.set_tag(run_id, k, str(v))
     for k, v in (metrics or {}).items():
         client.log_metric(run_id, k, float(v))
     for path, artifact_dir in artifacts or []:

@@ -160,12 +160,39 @@ def split_heldout(pairs: list, num_val: int, num_test: int, seed: int) -> dict[s
             "train": shuffled[num_test + num_val:]}
 
 
+def check_languages(data_cfg) -> None:
+    """Check that ``data_cfg.src_lang → data_cfg.tgt_lang`` is a direction the corpus has.
+
+    ``data_cfg.languages`` (``conf/data/<corpus>.yaml``) lists the corpus's languages;
+    any two different ones make a direction.
+
+    Raises:
+        CorpusError: a language the corpus lacks, or the same language on both sides
+            (names the corpus, its languages and where to set them).
+    """
+    langs, src, tgt = list(data_cfg.languages), data_cfg.src_lang, data_cfg.tgt_lang
+    fix = ("set src_lang/tgt_lang in params.yaml (`dvc exp run -S tgt_lang=...`) or "
+           "data.src_lang=/data.tgt_lang= on the command line")
+    for side, lang in (("src_lang", src), ("tgt_lang", tgt)):
+        if lang not in langs:
+            raise CorpusError(f"data={data_cfg.name} has the languages {', '.join(langs)}; "
+                              f"{side}={lang} is not one of them: {fix}")
+    if src == tgt:
+        raise CorpusError(f"src_lang and tgt_lang are both {src}: choose two different "
+                          f"languages of data={data_cfg.name} ({', '.join(langs)}); {fix}")
+
+
 def load_splits(data_cfg, raw_root: Path) -> dict[str, list[tuple[str, str]]]:
     """The train/val/test pairs that a ``conf/data/*.yaml`` config names.
 
     ``data_cfg.name`` is ``multi30k`` (splits from ``data_cfg.splits``) or
     ``fra_eng`` (held-out split by ``data_cfg.heldout``).
+
+    Raises:
+        CorpusError: the pair is not one the corpus has (see :func:`check_languages`),
+            an unknown corpus, or any error reading its files.
     """
+    check_languages(data_cfg)
     raw_root = Path(raw_root)
     if data_cfg.name == "multi30k":
         return {k: read_multi30k(raw_root / "multi30k", split, data_cfg.src_lang, data_cfg.tgt_lang)

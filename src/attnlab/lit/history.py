@@ -11,7 +11,7 @@ from pytorch_lightning.utilities import rank_zero_only
 from attnlab.files import write_text_atomic
 
 # Columns first in this order; any other epoch-level metric follows, sorted.
-LEADING = ("epoch", "step", "train_loss", "val_loss", "val_bleu", "tokens_per_sec")
+LEADING = ("epoch", "step", "train_loss", "val_loss", "val_bleu", "val_chrf", "tokens_per_sec")
 
 
 class EpochHistoryLogger(Logger):

@@ -5,6 +5,7 @@ import pytorch_lightning as pl
 import torch
 from hydra.utils import instantiate
 from torch.utils.data import DataLoader, TensorDataset
+from torchmetrics import MeanSquaredError
 
 from attnlab.models.nadaraya_watson import NadarayaWatson, leave_one_out
 
@@ -18,7 +19,8 @@ class RegressionModule(pl.LightningModule):
 
     The training batch is the whole training set (queries x_i, keys/values the
     other n-1 points); validation is MSE on the noise-free test points with all
-    training points as keys. Logged: ``train_loss``, ``val_loss`` (test MSE).
+    training points as keys. Logged: ``train_loss``, ``val_loss`` (test MSE, a torchmetrics
+    ``MeanSquaredError`` over all test points).
     """
 
     def __init__(self, optimizer: dict, init_w: float = 1.0):
@@ -26,6 +28,7 @@ class RegressionModule(pl.LightningModule):
         self.save_hyperparameters(logger=False)
         self.net = NadarayaWatson(parametric=True, init_w=init_w)
         self.data: dict[str, torch.Tensor] | None = None
+        self.val_mse = MeanSquaredError()  # state not saved in checkpoints
 
     def training_step(self, batch, batch_idx):
         x, y = batch
@@ -37,7 +40,8 @@ class RegressionModule(pl.LightningModule):
     def validation_step(self, batch, batch_idx):
         x_test, y_test = batch
         pred = self.net(x_test, self.data["x_train"], self.data["y_train"])
-        self.log("val_loss", ((pred - y_test) ** 2).mean(), prog_bar=True)
+        self.val_mse.update(pred, y_test)
+        self.log("val_loss", self.val_mse, prog_bar=True)
 
     def configure_optimizers(self):
         return instantiate(self.hparams.optimizer)(params=self.parameters())

@@ -6,14 +6,14 @@ import time
 
 import pytorch_lightning as pl
 import torch
-import torch.distributed as dist
 from hydra.utils import instantiate
+from torchmetrics import MeanMetric
 
 from attnlab.data.tokenizer import PAD_ID
 from attnlab.decoding import translate_text
 from attnlab.loss import sequence_loss
 from attnlab.models import build_net
-from attnlab.metrics import corpus_scores
+from attnlab.metrics import CorpusScores
 
 
 class NonFiniteLossError(FloatingPointError):
@@ -42,11 +42,14 @@ class TranslationModule(pl.LightningModule):
         src_vocab_size: size of a separate source vocabulary, or ``None`` for a joint one.
         label_smoothing: ε of the training loss (val loss is plain cross-entropy).
         warmup_steps: see :func:`inverse_sqrt_warmup`.
-    Logged metrics: ``train_loss``, ``val_loss``, ``val_bleu`` (per epoch), ``tokens_per_sec``.
+    Logged metrics: ``train_loss``, ``val_loss`` (cross-entropy per target token),
+    ``val_bleu`` and ``val_chrf`` (sacreBLEU, in [0, 100]; per epoch), ``tokens_per_sec``.
     Progress bar only (not logged): ``loss`` (the step's training loss) and ``tokens/s``
     (target tokens per second over the epoch's finished steps, per rank).
-    ``val_texts`` (sources, references) set by the caller enables ``val_bleu``; under DDP
-    each rank translates its share of them and the corpus BLEU is computed once over all.
+    ``val_texts`` (sources, references) set by the caller enables ``val_bleu``/``val_chrf``;
+    under DDP each rank translates its share of them, and the sacreBLEU statistics
+    (:class:`~attnlab.metrics.CorpusScores`) are summed across ranks into one corpus score.
+    ``val_loss`` is likewise a token-weighted ``MeanMetric`` reduced across ranks.
     Raises:
         NonFiniteLossError: from ``training_step`` when the loss is NaN or ±inf (names the step).
     """
@@ -58,6 +61,12 @@ class TranslationModule(pl.LightningModule):
         self.save_hyperparameters(logger=False)
         extra = {"src_vocab_size": src_vocab_size} if src_vocab_size else {}
         self.net = build_net(net, vocab_size=vocab_size, pad_id=PAD_ID, **extra)
+        # Validation metrics (states not saved in checkpoints, summed across DDP ranks).
+        # A NaN batch loss makes val_loss NaN (a float strategy puts that float in place of a NaN,
+        # weight kept): "warn"/"ignore" would drop the batch, and "disable" replaces every
+        # weight by 1 in torchmetrics ≤ 1.9 (Lightning-AI/torchmetrics#3434).
+        self.val_loss = MeanMetric(nan_strategy=float("nan"))
+        self.val_scores = CorpusScores()
         self.tokenizer = None
         self.val_texts: tuple[list[str], list[str]] | None = None
         self._epoch_tokens = 0
@@ -108,22 +117,31 @@ class TranslationModule(pl.LightningModule):
                  sync_dist=True, reduce_fx="sum")
 
     def validation_step(self, batch, batch_idx):
-        loss = self._loss(batch, 0.0)
-        self.log("val_loss", loss, on_epoch=True, prog_bar=True,
-                 batch_size=int((batch["tgt_out"] != PAD_ID).sum()), sync_dist=True)
+        loss = self._loss(batch, 0.0)  # mean over the batch's target tokens
+        # Weighted by the token count: the epoch value is the mean over all val tokens.
+        self.val_loss.update(loss, weight=(batch["tgt_out"] != PAD_ID).sum())
+        self.log("val_loss", self.val_loss, on_epoch=True, prog_bar=True)
 
     def on_validation_epoch_end(self):
         if self.val_texts is None or self.tokenizer is None or self.trainer.sanity_checking:
             return
         sources, references = self.val_texts
         world, rank = self.trainer.world_size, self.trainer.global_rank
-        hyps = self.translate(sources[rank::world])
-        if world > 1 and dist.is_available() and dist.is_initialized():
-            shards: list = [None] * world
-            dist.all_gather_object(shards, hyps)
-            hyps = [shards[i % world][i // world] for i in range(len(sources))]
-        # Every rank now holds all hypotheses and logs the same value.
-        self.log("val_bleu", corpus_scores(hyps, references)["bleu"], prog_bar=True, sync_dist=True)
+        sources, references = sources[rank::world], references[rank::world]
+        # In translate()'s length order, so each chunk is one of the batches it would form.
+        order = sorted(range(len(sources)), key=lambda i: len(sources[i]))
+        size = self.hparams.val_batch_size
+        for b in range(0, len(order), size):
+            idx = order[b : b + size]
+            self.val_scores.update(self.translate([sources[i] for i in idx]),
+                                   [references[i] for i in idx])
+        scores = self.val_scores.compute()  # states summed across ranks: one corpus score
+        self.val_scores.reset()
+        # Every rank holds the same values (float64, as sacreBLEU gives them); the mean over
+        # ranks of equal values is that value, and sync_dist keeps Lightning from warning.
+        for name, key in (("val_bleu", "bleu"), ("val_chrf", "chrf")):
+            self.log(name, torch.tensor(scores[key], dtype=torch.float64), prog_bar=key == "bleu",
+                     sync_dist=True)
 
     def translate(self, sentences: list[str]) -> list[str]:
         """Greedy translations (detokenized text) of ``sentences``, in order."""
