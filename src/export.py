@@ -6,7 +6,9 @@ logged to its training run as an MLflow pyfunc model and registered as
 `attnlab-<model>` (a new version each run, which gets the alias `champion`); the
 summary at the end prints the `mlflow models serve -m models:/attnlab-<model>@champion`
 command. Sentences longer than `serving.max_input_chars`
-characters (conf/config.yaml, default 500; `serving.max_input_chars=N` to change) are refused.
+characters (conf/config.yaml, default 500; `serving.max_input_chars=N` to change) are refused,
+and so are requests to the served model over `serving.max_request_sentences` (32),
+`serving.max_request_chars` (4,000) or `serving.max_request_tokens` (1,000).
     python src/export.py model=transformer
 """
 from pathlib import Path
@@ -42,7 +44,8 @@ def main(cfg: DictConfig) -> None:
     if "decoding" in cfg.model:  # the beam settings evaluate uses; the served model uses them too
         facts["decoding"] = OmegaConf.to_container(cfg.model.decoding, resolve=True)
     export_translation(net, Path(cfg.paths.tokenized) / "spm.model", out_dir, facts,
-                       cfg.serving.max_input_chars)
+                       cfg.serving.max_input_chars, cfg.serving.max_request_sentences,
+                       cfg.serving.max_request_chars, cfg.serving.max_request_tokens)
     with console.hide_mlflow_prints():  # "Successfully registered model ...": the summary says it
         registered, version = log_served_model(out_dir, name, record["run_id"], record["tracking_uri"])
     print(console.export_summary(name, out_dir, record, registered, version,

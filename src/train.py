@@ -21,7 +21,6 @@ from pathlib import Path
 
 import hydra
 import pytorch_lightning as pl
-from pytorch_lightning.callbacks import ModelCheckpoint
 from pytorch_lightning.utilities import rank_zero_only
 from pytorch_lightning.utilities.exceptions import SIGTERMException
 from omegaconf import DictConfig, OmegaConf
@@ -31,7 +30,7 @@ from attnlab.checkpoint import load_net
 from attnlab.files import ensure_writable
 from attnlab.lit.averaging import WeightAveraging
 from attnlab.lit.logger import ResilientMLFlowLogger
-from attnlab.lit.resume import LAST, ResumeState, config_fingerprint, find_resume_point
+from attnlab.lit.resume import LAST, ResumableCheckpoint, ResumeState, config_fingerprint, find_resume_point
 from attnlab.lit.heatmaps import EpochHeatmaps
 from attnlab.lit.history import EpochHistoryLogger
 from attnlab.lit.setup import build_task, heatmap_sources, heatmaps
@@ -42,11 +41,12 @@ from attnlab.tracking import check_tracking_server, write_run_record
 log = logging.getLogger("train")
 
 
-def checkpoint_callbacks(cfg: DictConfig) -> tuple[ModelCheckpoint | None, list[ModelCheckpoint]]:
+def checkpoint_callbacks(cfg: DictConfig) -> tuple[ResumableCheckpoint | None, list[ResumableCheckpoint]]:
     """The kept checkpoint (best by ``checkpoint.monitor``; ``None`` with no monitor or with
     ``checkpoint.average_last`` > 0, where ``main`` saves the final or the averaged model)
     and the resume checkpoints that overwrite ``last.ckpt`` after every validation and
-    every N steps.
+    every N steps. All are :class:`ResumableCheckpoint`: a moved or cloned project keeps its best
+    score and path.
 
     Raises:
         ValueError: ``checkpoint.filename`` is ``last``, the resume checkpoint's name;
@@ -61,12 +61,13 @@ def checkpoint_callbacks(cfg: DictConfig) -> tuple[ModelCheckpoint | None, list[
                          "last epochs to average (≥ 1), or 0 to keep the best checkpoint by monitor")
     kept = None
     if cfg.checkpoint.monitor and not cfg.checkpoint.average_last:
-        kept = ModelCheckpoint(dirpath=d, filename=cfg.checkpoint.filename, monitor=cfg.checkpoint.monitor,
-                               mode=cfg.checkpoint.mode, save_top_k=1, enable_version_counter=False)
-    resume = [ModelCheckpoint(dirpath=d, filename=LAST, every_n_epochs=1, enable_version_counter=False)]
+        kept = ResumableCheckpoint(dirpath=d, filename=cfg.checkpoint.filename,
+                                   monitor=cfg.checkpoint.monitor, mode=cfg.checkpoint.mode,
+                                   save_top_k=1, enable_version_counter=False)
+    resume = [ResumableCheckpoint(dirpath=d, filename=LAST, every_n_epochs=1, enable_version_counter=False)]
     if cfg.checkpoint.every_n_train_steps:
-        resume.append(ModelCheckpoint(dirpath=d, filename=LAST, enable_version_counter=False,
-                                      every_n_train_steps=cfg.checkpoint.every_n_train_steps))
+        resume.append(ResumableCheckpoint(dirpath=d, filename=LAST, enable_version_counter=False,
+                                          every_n_train_steps=cfg.checkpoint.every_n_train_steps))
     return kept, resume
 
 

@@ -148,3 +148,99 @@ def test_beam_result_scores_at_least_the_greedy_sequence(kind):
     T = max(greedy.shape[1], beam.shape[1])
     pad = lambda y: torch.nn.functional.pad(y, (0, T - y.shape[1]), value=PAD_ID)
     assert torch.all(logprob(pad(beam)) >= logprob(pad(greedy)) - 1e-5)
+
+
+# --- a sentence's output depends on that sentence alone ------------------------------------
+
+class LoopModel:
+    """Never ends on its own: after any prefix the next token is A (0.6) or C (0.4), <eos> ≈ 0.
+
+    Its state is each row's source length, so batch-mates with longer sources (and limits)
+    are visible to the test but must not change a sentence's own output."""
+
+    def init_state(self, src, valid):
+        return (valid,)
+
+    def step(self, ys, valid):
+        logits = torch.full((ys.shape[0], 6), -30.0)
+        logits[:, A], logits[:, C] = math.log(0.6), math.log(0.4)
+        return logits, valid
+
+
+@pytest.mark.parametrize("beam_size", [1, 3])
+def test_each_sentence_stops_at_its_own_limit_in_any_batch(beam_size):
+    """Per-sentence limits (a (B,) tensor): a sentence that never emits <eos> gets exactly its
+    own limit of tokens, padded after, whatever its batch-mates' limits; alone it is the same."""
+    m = LoopModel()
+    src, valid = torch.zeros(3, 9, dtype=torch.long), torch.tensor([2, 9, 4])
+    limits = torch.tensor([3, 8, 5])
+    decode = greedy_decode if beam_size == 1 else (
+        lambda *a: beam_search(*a, beam_size=beam_size, alpha=1.0))
+    batched = decode(m.init_state, m.step, src, valid, limits)
+    assert batched.shape == (3, 8)
+    for i, n in enumerate(limits.tolist()):
+        assert batched[i, :n].tolist() == [A] * n  # A is every step's most probable token
+        assert batched[i, n:].tolist() == [PAD_ID] * (8 - n)
+        alone = decode(m.init_state, m.step, src[i : i + 1], valid[i : i + 1], int(n))
+        assert alone[0].tolist() == [A] * n
+
+
+def test_the_length_limit_is_each_sentences_own():
+    """⌊1.5·n + 10⌋ tokens for a source of n tokens (its <eos> counted), at most 256."""
+    from attnlab.decoding import max_output_len
+
+    lens = torch.tensor([1, 2, 7, 20, 200])
+    assert max_output_len(lens).tolist() == [11, 13, 20, 40, 256]
+    assert [max_output_len(int(n)) for n in lens] == [11, 13, 20, 40, 256]
+
+
+@pytest.mark.parametrize("kind", ["transformer", "bahdanau"])
+@pytest.mark.parametrize("beam_size", [1, 5])
+def test_translate_gives_each_sentence_the_same_ids_alone_and_in_any_batch(kind, beam_size):
+    """A short and a much longer sentence (random weights: no <eos> soon, so the limit decides),
+    translated alone, together in both orders and in batches of 1, 2 and 3."""
+    from attnlab.decoding import translate
+
+    class Ids:  # a tokenizer whose "sentences" are space-separated ids
+        def encode(self, sentences):
+            return [[int(t) for t in s.split()] for s in sentences]
+
+    net = _nets()[kind]
+    sentences = ["7 8 9", " ".join(["6"] * 40), "9 9 8 7 6 5 4 8 9 7 6 5"]
+    alone = [translate(net.init_state, net.step, Ids(), [s], beam_size=beam_size, alpha=1.0)[0]
+             for s in sentences]
+    # the short one stops at its own limit, ⌊1.5 · 4 + 10⌋ = 16 (3 ids and the <eos>): a limit
+    # taken from the batch (the long one's is 71) would let it run on
+    assert len(alone[0]) == 16
+    for order in ([0, 1, 2], [2, 1, 0], [1, 0, 2]):
+        for batch_size in (1, 2, 3):
+            got = translate(net.init_state, net.step, Ids(), [sentences[i] for i in order],
+                            batch_size=batch_size, beam_size=beam_size, alpha=1.0)
+            assert got == [alone[i] for i in order], (order, batch_size)
+
+
+@pytest.mark.parametrize("text", ["", "   ", "\t\u3000", "\u200b", "\ufeff", "\u200e\u200f", "\x7f",
+                                  "\u2060", "\u00ad", "\u200d\u202e", "\x00", "\u2028"])
+def test_a_sentence_with_nothing_to_translate_is_not_decoded(text):
+    """Whitespace, control and invisible format characters alone translate to nothing, and no
+    step runs for them: whether sentencepiece drops them (zero-width space, BOM, direction
+    marks, DEL) or keeps them as <unk> (word joiner, soft hyphen, ZWJ, NUL)."""
+    from attnlab.data.tokenizer import train_sentencepiece
+    from attnlab.decoding import max_output_len, translate
+    from corpus_fixture import sentences
+
+    import tempfile
+    from pathlib import Path
+
+    with tempfile.TemporaryDirectory() as tmp:
+        sp = train_sentencepiece([s for t in sentences() for s in t[:2]], Path(tmp) / "spm", 60)
+    calls = []
+
+    def init_state(src, valid):
+        calls.append(src.shape[0])
+        return (valid,)
+
+    out = translate(init_state, LoopModel().step, sp, [text, "A dog.", text], beam_size=2)
+    n = len(sp.encode("A dog.")) + 1  # with its <eos>
+    assert out[0] == out[2] == [] and out[1] == [A] * max_output_len(n)
+    assert calls == [1]  # one batch, holding the one sentence with tokens

@@ -266,6 +266,66 @@ def test_export_decodes_like_the_checkpoint(project):
     assert out.stdout.splitlines() == hyps
 
 
+@pytest.mark.parametrize("model", SEQ2SEQ)
+def test_a_real_sentence_translates_the_same_alone_and_in_any_batch(project, mirror_dir, model):
+    """The test_2016_flickr sources (real text), decoded greedily and with beam 5: all 1,000 get
+    the same ids in evaluate's batches (128, sorted by length) through the checkpoint and the
+    export, and in batches of 7 in reverse order; alone, every 5th of them (200, all lengths;
+    all 1,000 alone take about 4 CPU-minutes here, and passed) gets the ids of those batches."""
+    import gzip
+
+    from attnlab.checkpoint import load_net
+    from attnlab.data.tokenizer import load_sentencepiece
+    from attnlab.decoding import translate
+    from attnlab.export import load_translator
+
+    sources = gzip.decompress((mirror_dir / "multi30k/test_2016_flickr.en.gz").read_bytes()
+                              ).decode().splitlines()
+    sp = load_sentencepiece(project / "data/tokenized/multi30k-en-fr/spm.model")
+    net = load_net(project / f"checkpoints/{model}/best.ckpt", expected_kind=model)
+    init_state, step, tok, _ = load_translator(project / f"models/{model}")
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # tiny models: a second thread only waits
+    try:
+        for beam in ({"beam_size": 1}, {"beam_size": 5, "alpha": 1.0}):
+            batched = translate(net.init_state, net.step, sp, sources, batch_size=128, **beam)
+            assert translate(init_state, step, tok, sources, batch_size=128, **beam) == batched
+            reverse = translate(net.init_state, net.step, sp, sources[::-1], batch_size=7, **beam)
+            assert reverse[::-1] == batched, beam
+            sample = range(0, len(sources), 5)
+            alone = [translate(net.init_state, net.step, sp, [sources[i]], **beam)[0] for i in sample]
+            assert alone == [batched[i] for i in sample], beam
+    finally:
+        torch.set_num_threads(threads)
+
+
+# What users type: every one must reach the model verbatim (Hydra's override grammar would
+# reject or retype many of them: quotes, commas, brackets, true/null, numbers, ${...}).
+HOSTILE = ["A man's dog runs.", 'He said "hello" to her.', "a = b", "red, white, blue", "[brackets]",
+           "(parentheses)", "{braces}", "true", "null", "1e3", "42", "-x", "--help", "+text=x",
+           "${oc.env:HOME}", "'single quotes'", "Ελληνικά γράμματα.", "中文句子。", "   ", "\u200b",
+           "Deux chiens\u202f!", ""]
+
+
+def test_translate_py_takes_any_sentence_verbatim(project):
+    """`+text=…` arguments and stdin lines reach the exported model exactly as typed: the output
+    lines equal the export's Translator on the same strings (and "" for those with no text)."""
+    from attnlab.export import Translator
+
+    expected = Translator(project / "models/transformer")(HOSTILE)
+    assert expected[HOSTILE.index("   ")] == expected[HOSTILE.index("\u200b")] == ""
+    as_args = subprocess.run([sys.executable, "src/translate.py", "model=transformer",
+                              *(f"+text={s}" for s in HOSTILE)], cwd=project, env=project.env,
+                             capture_output=True, text=True, timeout=300)
+    assert as_args.returncode == 0, as_args.stderr[-2000:]
+    assert as_args.stdout.split("\n")[:-1] == expected
+    from_stdin = subprocess.run([sys.executable, "src/translate.py", "model=transformer"], cwd=project,
+                                env=project.env, input="".join(s + "\n" for s in HOSTILE),
+                                capture_output=True, text=True, timeout=300)
+    assert from_stdin.returncode == 0, from_stdin.stderr[-2000:]
+    assert from_stdin.stdout.split("\n")[:-1] == expected
+
+
 def test_evaluate_decodes_on_the_device_it_is_given(project):
     """evaluate reads `device` (dvc.yaml passes it): an accelerator this machine lacks is refused
     up front, naming it, and the committed scores stay as they were."""

@@ -9,52 +9,28 @@ The reference for every prediction is the export decoded the way
 ``src/translate.py`` decodes it (:func:`attnlab.decoding.translate_text`).
 """
 import json
-import os
-import signal
-import socket
-import subprocess
-import sys
 import time
-import urllib.error
-import urllib.request
 
 import mlflow
 import pandas as pd
 import pytest
-import torch
-import torch.nn.functional as F
+import sentencepiece as spm
 from mlflow.exceptions import MlflowException
 
-from attnlab.data.batching import collate
-from attnlab.data.tokenizer import PAD_ID, train_sentencepiece
+from attnlab.data.tokenizer import train_sentencepiece
 from attnlab.decoding import translate_text
-from attnlab.export import (CHAMPION, export_translation, load_translator, log_served_model,
-                            serve_command)
+from attnlab.export import (CHAMPION, EmptyRequestError, InputTooLongError, InvalidRequestError,
+                            RequestTooLargeError, Translator, export_translation, load_translator,
+                            log_served_model, serve_command)
 from attnlab.models.transformer import Transformer
-from corpus_fixture import sentences
+from serve_harness import PAIRS, learned_transformer, post, start_server, stop_server
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 MAX_CHARS = 80
 DECODING = {"beam_size": 3, "alpha": 1.0}
-PAIRS = [(en, fr) for en, fr, _ in sentences()]
 SOURCES = [en for en, _ in PAIRS[:6]]
 TOO_LONG = ("A dog watches the sea. " * 4)[: MAX_CHARS + 1]  # 81 characters
-
-
-def _learned_transformer(sp) -> Transformer:
-    """A 1-layer d=32 Transformer trained 200 full-batch Adam steps on all 48 pairs."""
-    torch.manual_seed(0)
-    net = Transformer(sp.get_piece_size(), 32, 2, 1, 64, 0.0)
-    batch = collate([(sp.encode(en), sp.encode(fr)) for en, fr in PAIRS])
-    opt = torch.optim.Adam(net.parameters(), lr=3e-3)
-    for _ in range(200):
-        logits = net(batch["src"], batch["src_valid_lens"], batch["tgt_in"])
-        loss = F.cross_entropy(logits.flatten(0, 1), batch["tgt_out"].flatten(), ignore_index=PAD_ID)
-        opt.zero_grad()
-        loss.backward()
-        opt.step()
-    return net.eval()
 
 
 @pytest.fixture(scope="module")
@@ -62,7 +38,7 @@ def store(tmp_path_factory):
     """Export, log and register the model; yield facts about the temporary store."""
     tmp = tmp_path_factory.mktemp("serving")
     sp = train_sentencepiece([s for pair in PAIRS for s in pair], tmp / "spm", vocab_size=120)
-    export_dir = export_translation(_learned_transformer(sp), tmp / "spm.model", tmp / "export",
+    export_dir = export_translation(learned_transformer(sp), tmp / "spm.model", tmp / "export",
                                     {"model": "transformer", "decoding": DECODING}, MAX_CHARS)
     uri = f"sqlite:///{tmp}/mlflow.db"  # tmp is absolute: sqlite:////…
     with pytest.MonkeyPatch.context() as mp:
@@ -118,6 +94,9 @@ def test_pyfunc_translates_like_translate_py(store):
     assert model.predict(SOURCES) == store["expected"]
     assert model.predict(pd.DataFrame({"text": SOURCES})) == store["expected"]  # one column
     assert model.predict(["", SOURCES[0], "   "]) == ["", store["expected"][0], ""]
+    # Nothing to translate (invisible characters that strip() keeps, DEL, NUL): "" without decoding
+    nothing = ["\u200b", "\ufeff", "\u200e\u200f", "\x7f", "\u2060", "\x00"]
+    assert model.predict(nothing + [SOURCES[0]]) == [""] * len(nothing) + [store["expected"][0]]
     assert model.metadata.metadata["max_input_chars"] == MAX_CHARS
     assert model.metadata.get_input_schema().input_types()[0].name == "string"
 
@@ -131,73 +110,93 @@ def test_pyfunc_refuses_input_over_the_limit(store):
     assert e.value.error_code == "INVALID_PARAMETER_VALUE"
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+def test_export_stores_the_request_limits(store):
+    # conf/config.yaml's defaults, through export_translation's, into config.json and MLflow.
+    serving = json.loads((store["export_dir"] / "config.json").read_text())["serving"]
+    assert serving == {"max_input_chars": MAX_CHARS, "max_input_tokens": 511,  # 512 positions − <eos>
+                       "max_request_sentences": 32, "max_request_chars": 4000,
+                       "max_request_tokens": 1000}
+    model = mlflow.pyfunc.load_model("models:/attnlab-transformer/1")
+    assert {k: model.metadata.metadata[k] for k in serving} == serving
+    description = store["client"].get_model_version("attnlab-transformer", "1").description
+    assert "per request 1 to 32 sentences, at most 4000 characters and 1000 tokens" in description
 
 
-def _post(url: str, payload: dict) -> tuple[int, dict]:
-    req = urllib.request.Request(url, json.dumps(payload).encode(),
-                                 {"Content-Type": "application/json"})
-    try:
-        with urllib.request.urlopen(req, timeout=60) as r:
-            return r.status, json.loads(r.read())
-    except urllib.error.HTTPError as err:
-        return err.code, json.loads(err.read())
+def test_check_request_names_the_problem_and_decodes_nothing(store, monkeypatch):
+    tr = Translator(store["export_dir"])
+    tr.max_request_chars = 2000  # 32 sentences of 80 characters cannot reach the default 4,000
+    monkeypatch.setattr(tr, "_decode", lambda s: pytest.fail("decoded a refused request"))
+    cases = [
+        ([], EmptyRequestError, "the request has no sentences (an empty list); send at least one"),
+        ("A dog.", InvalidRequestError, "expected a list of sentences (strings), got str"),
+        (["A dog.", 7], InvalidRequestError, "input 1 is int, not a string"),
+        ([None], InvalidRequestError, "input 0 is null, not a string"),
+        (["A dog."] * 33, RequestTooLargeError,
+         "the request has 33 sentences; this model translates at most 32 sentences per request "
+         "(serving.max_request_sentences). Split it into 2 or more requests of at most 32 "
+         "sentences each."),
+        ([("A dog. " * 12)[:MAX_CHARS]] * 26, RequestTooLargeError,  # with the limit at 2,000
+         "the request has 2080 characters in its 26 sentences; this model translates at most "
+         "2000 characters per request (serving.max_request_chars). Split it into requests of at "
+         "most 2000 characters (and 32 sentences) each."),
+        ([SOURCES[0], TOO_LONG], InputTooLongError, f"input 1 has {MAX_CHARS + 1} characters"),
+    ]
+    for sentences, error, message in cases:
+        with pytest.raises(error) as e:
+            tr.serve(sentences)
+        assert message in str(e.value), (sentences, str(e.value))
+    # Token-dense text: under the character limit, over the token limit.
+    dense = [("eaoinst" * 12)[:MAX_CHARS]] * 25  # 2,000 characters, 81 tokens each
+    tokens = sum(map(len, tr.tokenizer.encode(dense)))
+    assert tokens > 1000
+    with pytest.raises(RequestTooLargeError, match=f"the request has {tokens} sentencepiece tokens "
+                       r"in its 25 sentences; this model decodes at most 1000 tokens per request "
+                       r"\(serving.max_request_tokens"):
+        tr.serve(dense)
+    tr.check_request((SOURCES * 6)[:32])  # exactly at the sentence limit: accepted
+
+
+def test_pyfunc_refuses_an_empty_request(store):
+    model = mlflow.pyfunc.load_model("models:/attnlab-transformer/1")
+    with pytest.raises(MlflowException, match="the request has no sentences") as e:
+        model.predict([])
+    assert e.value.error_code == "INVALID_PARAMETER_VALUE"
+
+
+def test_export_refuses_request_limits_a_sentence_cannot_fit(store, tmp_path):
+    sp_path = store["tmp"] / "spm.model"
+    net = Transformer(spm.SentencePieceProcessor(model_file=str(sp_path)).get_piece_size(),
+                      8, 2, 1, 16, 0.0)  # 512 positions: 511 source tokens
+    for kwargs, message in [
+        ({"max_request_chars": MAX_CHARS - 1}, "serving.max_request_chars (79) is below "
+                                               "serving.max_input_chars (80)"),
+        ({"max_request_tokens": 510}, "serving.max_request_tokens (510) is below the 511 tokens "
+                                      "one sentence may have (max_input_tokens)"),
+        ({"max_request_sentences": 0}, "serving.max_request_sentences must be ≥ 1, got 0"),
+    ]:
+        with pytest.raises(ValueError, match=message.replace("(", r"\(").replace(")", r"\)")):
+            export_translation(net, sp_path, tmp_path / "x", {"model": "transformer"}, MAX_CHARS,
+                               **kwargs)
+        assert not (tmp_path / "x").exists()
 
 
 def test_mlflow_models_serve_answers_requests(store):
-    port = _free_port()
-    log = open(store["tmp"] / "serve.log", "w+")
-    # The server execs `uvicorn` from PATH: the venv's bin/, as in an activated venv.
-    path = os.pathsep.join([os.path.dirname(sys.executable), os.environ.get("PATH", "")])
-    env = {**os.environ, "MLFLOW_TRACKING_URI": store["uri"], "PATH": path}
     t0 = time.perf_counter()
-    server = subprocess.Popen(
-        # `local`: this venv, no environment to build (tests/test_served_env.py builds the
-        # model's own environment from its requirements.txt and translates in it).
-        [sys.executable, "-m", "mlflow", "models", "serve", "-m",
-         f"models:/attnlab-transformer@{CHAMPION}", "--env-manager", "local",
-         "-p", str(port), "--host", "127.0.0.1"],
-        env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
-    base = f"http://127.0.0.1:{port}"
+    server, base = start_server(f"models:/attnlab-transformer@{CHAMPION}", store["uri"],
+                                store["tmp"] / "serve.log")
+    up_s = time.perf_counter() - t0
     try:
-        while True:
-            if server.poll() is not None or time.perf_counter() - t0 > 180:
-                log.seek(0)
-                pytest.fail(f"server not up (exit code {server.returncode}):\n{log.read()[-3000:]}")
-            try:
-                with urllib.request.urlopen(f"{base}/ping", timeout=2) as r:
-                    if r.status == 200:
-                        break
-            except OSError:
-                time.sleep(0.5)
-        up_s = time.perf_counter() - t0
-
-        status, body = _post(f"{base}/invocations", {"inputs": SOURCES + [""]})
+        status, body = post(f"{base}/invocations", {"inputs": SOURCES + [""]})
         assert status == 200, body
         assert body == {"predictions": store["expected"] + [""]}
 
-        status, body = _post(f"{base}/invocations", {"inputs": [SOURCES[0], TOO_LONG]})
+        status, body = post(f"{base}/invocations", {"inputs": [SOURCES[0], TOO_LONG]})
         assert status == 400
         assert body["error_code"] == "INVALID_PARAMETER_VALUE"
         assert f"at most {MAX_CHARS} characters" in body["message"]
+
+        status, body = post(f"{base}/invocations", {"inputs": []})  # MLflow alone answers 200 []
+        assert status == 400 and "the request has no sentences" in body["message"]
         print(f"server up in {up_s:.1f} s")
     finally:
-        _stop(server)
-        log.close()
-
-
-def _stop(server: subprocess.Popen) -> None:
-    """SIGTERM the server's process group (it and its uvicorn worker), SIGKILL after 15 s."""
-    for sig, wait_s in ((signal.SIGTERM, 15), (signal.SIGKILL, None)):
-        try:
-            os.killpg(server.pid, sig)
-        except ProcessLookupError:  # the whole group has exited already
-            break
-        try:
-            server.wait(timeout=wait_s)
-            break
-        except subprocess.TimeoutExpired:
-            continue
+        stop_server(server)

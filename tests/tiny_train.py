@@ -69,3 +69,57 @@ def runs(client, experiment: str = "attnlab") -> list:
 def history(client, run_id: str, key: str) -> list[tuple[int, float]]:
     """(step, value) of a metric, in logging order."""
     return [(m.step, m.value) for m in client.get_metric_history(run_id, key)]
+
+
+# A training process that kills itself at a chosen point: ``python -c KILL_HOOK <point> src/train.py ...``.
+# No sleeps, no races: the hook runs inside the process, at the exact point.
+# Points: ``step:N`` SIGKILL right after last.ckpt at global step N is written (mid-epoch);
+# ``epoch:E`` SIGTERM right after epoch E's last.ckpt, written after its validation (Lightning
+# stops at the end of the epoch, exit status 1 from train.py); ``validating:E`` SIGKILL at epoch E's first
+# validation batch.
+KILL_HOOK = r"""
+import os, runpy, signal, sys
+import pytorch_lightning as pl
+
+kind, n = sys.argv[1].split(":")
+n = int(n)
+sys.argv = sys.argv[2:]
+save = pl.Trainer.save_checkpoint
+
+
+def save_checkpoint(self, filepath, *args, **kwargs):
+    save(self, filepath, *args, **kwargs)
+    if os.path.basename(str(filepath)) != "last.ckpt":
+        return
+    if kind == "step" and self.global_step == n:
+        os.kill(os.getpid(), signal.SIGKILL)
+    # Lightning writes the epoch's checkpoints at on_train_epoch_end (after the epoch's
+    # validation, once the epoch counts as processed).
+    if kind == "epoch" and self.fit_loop.epoch_progress.current.processed == n:
+        os.kill(os.getpid(), signal.SIGTERM)
+
+
+class KillWhileValidating(pl.Callback):
+    def on_validation_batch_start(self, trainer, *args, **kwargs):
+        if kind == "validating" and not trainer.sanity_checking and trainer.current_epoch == n - 1:
+            os.kill(os.getpid(), signal.SIGKILL)
+
+
+init = pl.Trainer.__init__
+
+
+def __init__(self, *args, callbacks=None, **kwargs):
+    init(self, *args, callbacks=[*(callbacks or []), KillWhileValidating()], **kwargs)
+
+
+pl.Trainer.save_checkpoint, pl.Trainer.__init__ = save_checkpoint, __init__
+sys.path.insert(0, os.path.dirname(os.path.abspath(sys.argv[0])))
+runpy.run_path(sys.argv[0], run_name="__main__")
+"""
+
+
+def train_killed(root: Path, point: str, *overrides: str, timeout: int = 300) -> subprocess.CompletedProcess:
+    """Run the tiny training until it kills itself at ``point`` (see ``KILL_HOOK``)."""
+    cmd = train_cmd(root, *overrides)
+    return subprocess.run([cmd[0], "-c", KILL_HOOK, point, *cmd[1:]], cwd=ROOT, capture_output=True,
+                          text=True, timeout=timeout, env=env())

@@ -11,6 +11,7 @@ the checkpoint and the export run the very same loops below.
 """
 from __future__ import annotations
 
+import unicodedata
 from typing import Callable, Sequence
 
 import torch
@@ -19,39 +20,56 @@ from attnlab.data.tokenizer import BOS_ID, EOS_ID, PAD_ID
 
 
 # What evaluate reports of its decoding (metrics/<model>.json → decoding).
-MAX_OUTPUT_LEN = "min(1.5 * source tokens + 10, 256), <eos> included, per batch of sources"
+MAX_OUTPUT_LEN = "min(1.5 * source tokens + 10, 256) per sentence, source <eos> and output <eos> included"
 LENGTH_PENALTY = "log P(Y) / ((5 + |Y|) / 6) ** alpha, |Y| with <eos> (Wu et al. 2016, eq. 14)"
 
 
-def max_output_len(src_len: int, a: float = 1.5, b: int = 10, cap: int = 256) -> int:
-    """Decoding length limit for a source of ``src_len`` tokens: min(a·src_len + b, cap)."""
+def max_output_len(src_len: int | torch.Tensor, a: float = 1.5, b: int = 10,
+                   cap: int = 256) -> int | torch.Tensor:
+    """Decoding length limit for a source of ``src_len`` tokens: ⌊a·src_len + b⌋, at most ``cap``.
+
+    ``src_len`` is an int, or a (B,) int64 tensor of each sentence's own length (its
+    ``src_valid_lens``): then the limits are a (B,) int64 tensor, one per sentence.
+    """
+    if isinstance(src_len, torch.Tensor):
+        return torch.floor(a * src_len.double() + b).long().clamp(max=cap)
     return min(int(a * src_len + b), cap)
+
+
+def _caps(max_len: int | torch.Tensor, batch: int, device) -> torch.Tensor:
+    """``max_len`` as a (batch,) int64 tensor of per-sentence limits."""
+    if isinstance(max_len, torch.Tensor):
+        return max_len.to(device=device, dtype=torch.long)
+    return torch.full((batch,), int(max_len), dtype=torch.long, device=device)
 
 
 @torch.no_grad()
 def greedy_decode(init_state: Callable, step: Callable, src: torch.Tensor,
-                  src_valid_lens: torch.Tensor, max_len: int) -> torch.Tensor:
+                  src_valid_lens: torch.Tensor, max_len: int | torch.Tensor) -> torch.Tensor:
     """Greedy (arg-max) decoding of a batch.
 
     Args:
         init_state, step: the model's decoding interface (module docstring).
         src: (B, S) int64 source ids ending in <eos>, padded with <pad>.
         src_valid_lens: (B,) int64.
-        max_len: most tokens to generate per sentence (the <eos> included).
+        max_len: most tokens to generate per sentence (the <eos> included): an int for
+            every sentence, or a (B,) int64 tensor with each sentence's own limit.
     Returns:
-        (B, T) int64 generated ids without <bos>; after a sentence's <eos>
-        every position is <pad>. Stops early once every sentence has ended.
+        (B, T) int64 generated ids without <bos>; after a sentence's <eos>, or past its
+        limit, every position is <pad>. Stops early once every sentence has ended.
+        A sentence's row depends on that sentence alone, not on its batch-mates.
     """
     state = init_state(src, src_valid_lens)
     B = src.shape[0]
+    caps = _caps(max_len, B, src.device)
     ys = torch.full((B, 1), BOS_ID, dtype=torch.long, device=src.device)
-    done = torch.zeros(B, dtype=torch.bool, device=src.device)
-    for _ in range(max_len):
+    done = caps <= 0
+    for t in range(int(caps.max()) if B else 0):
         logits, *state = step(ys, *state)
         nxt = logits.argmax(-1)
         nxt = torch.where(done, torch.full_like(nxt, PAD_ID), nxt)
         ys = torch.cat([ys, nxt[:, None]], dim=1)
-        done = done | (nxt == EOS_ID)
+        done = done | (nxt == EOS_ID) | (caps <= t + 1)  # ended, or at its own limit
         if bool(done.all()):
             break
     return ys[:, 1:]
@@ -59,7 +77,7 @@ def greedy_decode(init_state: Callable, step: Callable, src: torch.Tensor,
 
 @torch.no_grad()
 def beam_search(init_state: Callable, step: Callable, src: torch.Tensor,
-                src_valid_lens: torch.Tensor, max_len: int, beam_size: int = 5,
+                src_valid_lens: torch.Tensor, max_len: int | torch.Tensor, beam_size: int = 5,
                 alpha: float = 0.0) -> torch.Tensor:
     """Beam search, batched over sentences (Sutskever et al. 2014; D2L 10.8.3).
 
@@ -67,7 +85,9 @@ def beam_search(init_state: Callable, step: Callable, src: torch.Tensor,
     A hypothesis that emits <eos> is finished: it keeps its score and is
     extended by <pad> at no cost, so it stays in the beam while it beats the
     open ones. The search stops when every hypothesis of every sentence is
-    finished, or after ``max_len`` tokens. The answer is the hypothesis with
+    finished, or after ``max_len`` tokens; a sentence that reaches its own limit
+    first is frozen there (its open hypotheses end as if at <eos>, with the
+    length they have), so it ends exactly as it would alone. The answer is the hypothesis with
     the best length-normalized score log P(Y) / lp(Y), lp(Y) = ((5 + |Y|) / 6)^α
     (Wu et al. 2016, eq. 14; |Y| counts the <eos>); ``alpha=0`` means no
     normalization. ``beam_size=1`` is greedy decoding.
@@ -75,10 +95,12 @@ def beam_search(init_state: Callable, step: Callable, src: torch.Tensor,
     Args:
         init_state, step: the model's decoding interface (module docstring).
         src: (B, S) int64 source ids ending in <eos>; src_valid_lens: (B,) int64.
-        max_len: most tokens to generate per sentence (the <eos> included).
+        max_len: most tokens to generate per sentence (the <eos> included): an int for
+            every sentence, or a (B,) int64 tensor with each sentence's own limit.
         beam_size: hypotheses kept per sentence, ≥ 1. alpha: length penalty α ≥ 0.
     Returns:
         (B, T) int64 best hypothesis per sentence without <bos>, <pad> after <eos>.
+        A sentence's row depends on that sentence alone, not on its batch-mates.
     Raises:
         ValueError: if beam_size < 1 or alpha < 0.
     """
@@ -91,10 +113,14 @@ def beam_search(init_state: Callable, step: Callable, src: torch.Tensor,
     ys = torch.full((B * K, 1), BOS_ID, dtype=torch.long, device=dev)
     scores = torch.full((B, K), float("-inf"), device=dev)
     scores[:, 0] = 0.0  # all beams start identical: expand only the first
-    finished = torch.zeros(B * K, dtype=torch.bool, device=dev)
+    caps = _caps(max_len, B, dev).repeat_interleave(K)  # each beam's sentence's limit
+    finished = caps <= 0
     lengths = torch.zeros(B * K, device=dev)
     offsets = (torch.arange(B, device=dev) * K)[:, None]  # (B, 1)
-    for _ in range(max_len):
+    for t in range(int(caps.max()) if B else 0):
+        finished = finished | (caps <= t)  # a sentence at its own limit is frozen
+        if bool(finished.all()):
+            break
         logits, *state = step(ys, *state)
         logp = torch.log_softmax(logits.float(), dim=-1)  # (B·K, V)
         V = logp.shape[-1]
@@ -110,8 +136,6 @@ def beam_search(init_state: Callable, step: Callable, src: torch.Tensor,
         lengths = lengths.index_select(0, src_rows) + (~was_finished).float()
         finished = was_finished | (tokens[:, 0] == EOS_ID)
         scores = top
-        if bool(finished.all()):
-            break
     normalized = scores.reshape(-1) / ((5.0 + lengths) / 6.0) ** alpha
     best = offsets[:, 0] + normalized.reshape(B, K).argmax(-1)
     return ys.index_select(0, best)[:, 1:]
@@ -127,6 +151,13 @@ def strip_special(ids: Sequence[int]) -> list[int]:
         if t not in (PAD_ID, BOS_ID):
             out.append(t)
     return out
+
+
+def has_text(sentence: str) -> bool:
+    """Whether ``sentence`` has a character to translate: anything but whitespace and
+    separators (Unicode Z*), control characters (Cc) and invisible format characters
+    (Cf: zero-width spaces and joiners, byte-order marks, direction marks, soft hyphens)."""
+    return any(unicodedata.category(ch) not in ("Cc", "Cf", "Zs", "Zl", "Zp") for ch in sentence)
 
 
 def encode_sources(tokenizer, sentences: Sequence[str]) -> tuple[torch.Tensor, torch.Tensor]:
@@ -150,22 +181,33 @@ def translate(init_state: Callable, step: Callable, tokenizer, sentences: Sequen
     """Decode ``sentences`` in batches of similar length; ids per sentence, input order.
 
     Greedy with ``beam_size=1``, else :func:`beam_search` with length penalty
-    ``alpha``; at most :func:`max_output_len` tokens per batch. Returns one list
-    of generated token ids (specials stripped) per sentence; detokenize with
-    ``tokenizer.decode``. An empty sentence decodes like any other.
+    ``alpha``; each sentence at most :func:`max_output_len` of its own length.
+    Returns one list of generated token ids (specials stripped) per sentence;
+    detokenize with ``tokenizer.decode``. Every per-sentence quantity (length limit,
+    length penalty, end of sentence) comes from that sentence alone, so a sentence
+    gets the same ids alone as in any batch, in any order. A sentence with nothing
+    to translate gets ``[]`` without being decoded: no character but whitespace,
+    control and invisible format characters (:func:`has_text`: empty, spaces, a
+    zero-width space, a byte-order mark, direction marks, DEL), or no token from
+    the tokenizer.
     """
     order = sorted(range(len(sentences)), key=lambda i: len(sentences[i]))
     out: list[list[int]] = [[] for _ in sentences]
     for b in range(0, len(order), batch_size):
         idx = order[b : b + batch_size]
         src, valid = encode_sources(tokenizer, [sentences[i] for i in idx])
-        src, valid, limit = src.to(device), valid.to(device), max_output_len(src.shape[1])
+        text = torch.tensor([has_text(sentences[i]) for i in idx], dtype=torch.bool)
+        rows = (text & (valid > 1)).nonzero()[:, 0]  # a source of <eos> alone: nothing to do
+        if len(rows) == 0:
+            continue
+        src, valid = src[rows].to(device), valid[rows].to(device)
+        limits = max_output_len(valid)  # each sentence's own, from its own length
         if beam_size == 1:
-            ys = greedy_decode(init_state, step, src, valid, limit)
+            ys = greedy_decode(init_state, step, src, valid, limits)
         else:
-            ys = beam_search(init_state, step, src, valid, limit, beam_size, alpha)
-        for i, row in zip(idx, ys.tolist()):
-            out[i] = strip_special(row)
+            ys = beam_search(init_state, step, src, valid, limits, beam_size, alpha)
+        for i, row in zip(rows.tolist(), ys.tolist()):
+            out[idx[i]] = strip_special(row)
     return out
 
 

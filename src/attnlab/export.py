@@ -7,8 +7,9 @@ interface, see :mod:`attnlab.decoding`), ``spm.model`` and ``config.json``.
 are :mod:`attnlab.decoding`'s, the same ones evaluation uses, so an export
 decodes exactly the tokens its checkpoint does. :class:`Translator` is the
 text-in, text-out front end (``src/translate.py`` and the MLflow model of
-:mod:`attnlab.serving` use it): the export's beam settings, its input limit
-(``config.json`` → ``serving``), and "" → "".
+:mod:`attnlab.serving` use it): the export's beam settings, its input limits
+(``config.json`` → ``serving``: per sentence, and per request for the served model),
+and "" → "".
 :func:`log_served_model` logs an export folder as an MLflow pyfunc model and
 registers it (the export stage calls it for every translation model); the newest
 version has the alias ``champion``, and the model's ``requirements.txt`` pins
@@ -28,7 +29,7 @@ from typing import Sequence
 import torch
 from torch import nn
 
-from attnlab.decoding import encode_sources, translate_text
+from attnlab.decoding import encode_sources, has_text, translate_text
 from attnlab.files import staged_dir
 
 FORMAT_VERSION = 1
@@ -36,6 +37,24 @@ FORMAT_VERSION = 1
 # points). Multi30k's longest English sentence has about 220 (test_2017_flickr); beam search
 # time grows with the length.
 DEFAULT_MAX_INPUT_CHARS = 500
+# Most the served model decodes in one request (Translator.check_request), so that a request
+# at the limit is answered well inside the scoring server's MLFLOW_SCORING_SERVER_REQUEST_TIMEOUT
+# (default 60 s). Decoding time grows with the source tokens of the request (each sentence
+# decodes up to 1.5 × its tokens + 10 steps): the token budget bounds it whatever the text; the
+# characters (a cheap check before tokenizing; 32 sentences of twice Multi30k's mean 61
+# characters) and the sentence count bound the work around it.
+# Measured with a d_model 256, 2+2-layer, 5,000-piece Transformer with random weights (every
+# sentence decodes to its length cap, the worst case), beam 5, on a 2-core machine at load
+# average 4-6. Served (`mlflow models serve`), one request at each limit: 32 Multi30k test
+# sentences (1,974 characters, 481 tokens) 1.7-1.8 s; 4 × 500 characters (428 tokens)
+# 1.9-2.6 s; 3 token-dense sentences (1,230 characters, 993 tokens) 4.5-6.1 s (English at
+# the 4,000-character limit is about 860 tokens). In-process with
+# two threads on the busy cores, 5-10× slower: 32 test sentences 12-18 s, 4 × 500 characters
+# 11-21 s, 4 token-dense × 500 characters (1,610 tokens, over the limit) 37-42 s. See README
+# "Serving a model over HTTP".
+DEFAULT_MAX_REQUEST_SENTENCES = 32
+DEFAULT_MAX_REQUEST_CHARS = 4000
+DEFAULT_MAX_REQUEST_TOKENS = 1000
 
 
 class _InitState(nn.Module):
@@ -80,13 +99,18 @@ def _max_source_tokens(net: nn.Module) -> int | None:
 
 
 def export_translation(net: nn.Module, tokenizer_path: Path, out_dir: Path, config: dict,
-                       max_input_chars: int = DEFAULT_MAX_INPUT_CHARS) -> Path:
+                       max_input_chars: int = DEFAULT_MAX_INPUT_CHARS,
+                       max_request_sentences: int = DEFAULT_MAX_REQUEST_SENTENCES,
+                       max_request_chars: int = DEFAULT_MAX_REQUEST_CHARS,
+                       max_request_tokens: int = DEFAULT_MAX_REQUEST_TOKENS) -> Path:
     """Trace ``net`` (a Transformer or Bahdanau in eval mode) and write the export folder.
 
     ``config.json`` holds ``config`` plus ``format_version``, ``task`` and
-    ``serving = {max_input_chars, max_input_tokens}``: the longest source
-    :class:`Translator` accepts, in characters, and in sentencepiece tokens
-    (the Transformer's positional table − 1 for <eos>; null for the GRU, which has none).
+    ``serving = {max_input_chars, max_input_tokens, max_request_sentences,
+    max_request_chars, max_request_tokens}``: the longest source :class:`Translator`
+    accepts, in characters, and in sentencepiece tokens (the Transformer's positional
+    table − 1 for <eos>; null for the GRU, which has none); and the most one request
+    to the served model may hold (:meth:`Translator.check_request`).
 
     Args:
         net: model with ``init_state``/``step`` (see :mod:`attnlab.decoding`).
@@ -94,14 +118,35 @@ def export_translation(net: nn.Module, tokenizer_path: Path, out_dir: Path, conf
         out_dir: target folder, replaced atomically.
         config: JSON-serializable facts stored as ``config.json`` (model name, sizes,
             optionally ``decoding = {beam_size, alpha}``, the settings :class:`Translator` uses).
-        max_input_chars: input limit in characters, ≥ 1.
+        max_input_chars: input limit per sentence in characters, ≥ 1.
+        max_request_sentences, max_request_chars, max_request_tokens: limits per request
+            of the served model: sentences, characters and sentencepiece tokens of all its
+            sentences together, each ≥ 1.
     Raises:
-        ValueError: if ``max_input_chars`` < 1.
+        ValueError: a limit < 1, or a per-request limit below what one sentence may have
+            (``max_request_chars`` < ``max_input_chars``, ``max_request_tokens`` <
+            ``max_input_tokens``, or < ``max_input_chars`` + 1 for a model without a token
+            limit), so a sentence could be accepted by itself yet fit no request.
     """
     import sentencepiece as spm
 
-    if max_input_chars < 1:
-        raise ValueError(f"max_input_chars must be ≥ 1, got {max_input_chars}")
+    limits = {"max_input_chars": max_input_chars, "max_request_sentences": max_request_sentences,
+              "max_request_chars": max_request_chars, "max_request_tokens": max_request_tokens}
+    for key, value in limits.items():
+        if int(value) < 1:
+            raise ValueError(f"serving.{key} must be ≥ 1, got {value}")
+    if max_request_chars < max_input_chars:
+        raise ValueError(f"serving.max_request_chars ({max_request_chars}) is below "
+                         f"serving.max_input_chars ({max_input_chars}): a sentence of "
+                         f"{max_input_chars} characters would fit no request. Raise "
+                         "max_request_chars or lower max_input_chars")
+    max_input_tokens = _max_source_tokens(net)
+    one_sentence, which = ((max_input_tokens, "max_input_tokens") if max_input_tokens is not None
+                           else (max_input_chars + 1, "max_input_chars + 1"))
+    if max_request_tokens < one_sentence:
+        raise ValueError(f"serving.max_request_tokens ({max_request_tokens}) is below the "
+                         f"{one_sentence} tokens one sentence may have ({which}): such a "
+                         "sentence would fit no request. Raise max_request_tokens")
 
     net = net.eval().cpu()
     sp = spm.SentencePieceProcessor(model_file=str(tokenizer_path))
@@ -113,7 +158,7 @@ def export_translation(net: nn.Module, tokenizer_path: Path, out_dir: Path, conf
         _trace(_InitState(net), (src, valid)).save(str(tmp / "init_state.pt"))
         _trace(_Step(net), (ys, *state)).save(str(tmp / "step.pt"))
         shutil.copy(tokenizer_path, tmp / "spm.model")
-        serving = {"max_input_chars": int(max_input_chars), "max_input_tokens": _max_source_tokens(net)}
+        serving = {**{k: int(v) for k, v in limits.items()}, "max_input_tokens": max_input_tokens}
         (tmp / "config.json").write_text(json.dumps(
             {"format_version": FORMAT_VERSION, "task": "translation", **config, "serving": serving},
             indent=2))
@@ -159,6 +204,19 @@ class InputTooLongError(ValueError):
     """A sentence is longer than the export's input limit (``config.json`` → ``serving``)."""
 
 
+class InvalidRequestError(ValueError):
+    """A request to the served model is not a list of strings (:meth:`Translator.check_request`)."""
+
+
+class RequestTooLargeError(InvalidRequestError):
+    """A request to the served model holds more sentences, characters or tokens than its
+    per-request limits (``config.json`` → ``serving``) allow."""
+
+
+class EmptyRequestError(InvalidRequestError):
+    """A request to the served model holds no sentence."""
+
+
 class Translator:
     """An export folder as a text-in, text-out translator.
 
@@ -166,7 +224,8 @@ class Translator:
     else ``model_config.decoding``, else greedy) unless ``beam_size``/``alpha`` are
     given, through :func:`attnlab.decoding.translate_text`, so it returns exactly
     the strings that function returns for the non-empty sentences.
-    A sentence that is empty or only whitespace translates to "" without decoding.
+    A sentence with nothing to translate (empty, whitespace, control or invisible format
+    characters alone: :func:`attnlab.decoding.has_text`) translates to "" without decoding.
 
     Args:
         export_dir: a folder written by :func:`export_translation`.
@@ -175,6 +234,8 @@ class Translator:
     Attributes:
         max_input_chars: longest accepted sentence in characters (Unicode code points).
         max_input_tokens: longest accepted sentence in sentencepiece tokens, or None.
+        max_request_sentences, max_request_chars, max_request_tokens: most sentences,
+            characters and tokens per request of the served model (:meth:`serve`).
         beam_size, alpha, config: the settings in use and the export's ``config.json``.
     Raises:
         FileNotFoundError, ValueError: as :func:`load_translator`.
@@ -189,10 +250,17 @@ class Translator:
         limits = self.config.get("serving") or {}  # exports older than the limit get the default
         self.max_input_chars = int(limits.get("max_input_chars") or DEFAULT_MAX_INPUT_CHARS)
         self.max_input_tokens = limits.get("max_input_tokens")
+        self.max_request_sentences = int(limits.get("max_request_sentences")
+                                         or DEFAULT_MAX_REQUEST_SENTENCES)
+        self.max_request_chars = int(limits.get("max_request_chars") or DEFAULT_MAX_REQUEST_CHARS)
+        self.max_request_tokens = int(limits.get("max_request_tokens") or DEFAULT_MAX_REQUEST_TOKENS)
         self.batch_size = batch_size
 
-    def check_lengths(self, sentences: Sequence[str]) -> None:
-        """Raise :class:`InputTooLongError` naming the first sentence over a limit (index from 0)."""
+    def check_lengths(self, sentences: Sequence[str]) -> list[list[int]] | None:
+        """Raise :class:`InputTooLongError` naming the first sentence over a limit (index from 0).
+
+        Returns the sentences' token ids when the token limit needed them, else None.
+        """
         for i, text in enumerate(sentences):
             if len(text) > self.max_input_chars:
                 raise InputTooLongError(
@@ -200,13 +268,73 @@ class Translator:
                     f"{self.max_input_chars} characters per sentence (max_input_chars). "
                     "Split the text into sentences and send each as its own input.")
         if self.max_input_tokens is None:
-            return
-        for i, ids in enumerate(self.tokenizer.encode(list(sentences))):
-            if len(ids) > self.max_input_tokens:
+            return None
+        ids = self.tokenizer.encode(list(sentences))
+        for i, seq in enumerate(ids):
+            if len(seq) > self.max_input_tokens:
                 raise InputTooLongError(
-                    f"input {i} has {len(ids)} sentencepiece tokens; this model encodes at most "
+                    f"input {i} has {len(seq)} sentencepiece tokens; this model encodes at most "
                     f"{self.max_input_tokens} tokens per sentence (max_input_tokens). "
                     "Split the text into shorter sentences.")
+        return ids
+
+    def check_request(self, sentences: Sequence[str]) -> None:
+        """Check one request of the served model against every limit, cheapest first.
+
+        ``sentences`` must be a non-empty list of str; then at most
+        ``max_request_sentences`` of them, ``max_request_chars`` characters together,
+        each within :meth:`check_lengths`, and ``max_request_tokens`` sentencepiece
+        tokens together. Nothing is decoded; the count and type checks run before any
+        sentence is read, the token checks after the character checks.
+
+        Raises:
+            InvalidRequestError: ``sentences`` is not a list/tuple, or an item is not a str
+                (names its index and type).
+            EmptyRequestError: no sentence.
+            RequestTooLargeError: over a per-request limit (names the count, the limit,
+                its ``serving.*`` setting and how to split).
+            InputTooLongError: a sentence over a per-sentence limit.
+        """
+        if not isinstance(sentences, (list, tuple)):
+            raise InvalidRequestError(
+                f"expected a list of sentences (strings), got {type(sentences).__name__}; "
+                'send {"inputs": ["sentence 1", "sentence 2", ...]}')
+        if not sentences:
+            raise EmptyRequestError(
+                "the request has no sentences (an empty list); send at least one: "
+                '{"inputs": ["A man rides a bike."]}')
+        n = len(sentences)
+        if n > self.max_request_sentences:
+            raise RequestTooLargeError(
+                f"the request has {n} sentences; this model translates at most "
+                f"{self.max_request_sentences} sentences per request "
+                f"(serving.max_request_sentences). Split it into "
+                f"{-(-n // self.max_request_sentences)} or more requests of at most "
+                f"{self.max_request_sentences} sentences each.")
+        for i, text in enumerate(sentences):
+            if not isinstance(text, str):
+                kind = "null" if text is None else type(text).__name__
+                raise InvalidRequestError(
+                    f"input {i} is {kind}, not a string; send each sentence as a JSON string: "
+                    '{"inputs": ["sentence 1", "sentence 2", ...]}')
+        chars = sum(len(s) for s in sentences)
+        if chars > self.max_request_chars:
+            raise RequestTooLargeError(
+                f"the request has {chars} characters in its {n} sentences; this model "
+                f"translates at most {self.max_request_chars} characters per request "
+                f"(serving.max_request_chars). Split it into requests of at most "
+                f"{self.max_request_chars} characters (and {self.max_request_sentences} "
+                "sentences) each.")
+        ids = self.check_lengths(sentences)
+        if ids is None:
+            ids = self.tokenizer.encode(list(sentences))
+        tokens = sum(len(seq) for seq in ids)
+        if tokens > self.max_request_tokens:
+            raise RequestTooLargeError(
+                f"the request has {tokens} sentencepiece tokens in its {n} sentences; this "
+                f"model decodes at most {self.max_request_tokens} tokens per request "
+                f"(serving.max_request_tokens; text without spaces, digits and rare scripts "
+                "take more tokens per character). Split it into requests of fewer sentences.")
 
     def __call__(self, sentences: Sequence[str]) -> list[str]:
         """Translate ``sentences`` (list of str) → one str per sentence, input order.
@@ -217,7 +345,21 @@ class Translator:
         """
         sentences = list(sentences)
         self.check_lengths(sentences)
-        todo = [i for i, s in enumerate(sentences) if s.strip()]
+        return self._decode(sentences)
+
+    def serve(self, sentences: Sequence[str]) -> list[str]:
+        """One request of the served model: :meth:`check_request`, then translate like :meth:`__call__`.
+
+        Raises:
+            InvalidRequestError (EmptyRequestError, RequestTooLargeError), InputTooLongError:
+                as :meth:`check_request`; nothing is decoded then.
+        """
+        self.check_request(sentences)
+        return self._decode(list(sentences))
+
+    def _decode(self, sentences: list[str]) -> list[str]:
+        """Translate checked sentences; those without text (:func:`has_text`) give "" undecoded."""
+        todo = [i for i, s in enumerate(sentences) if has_text(s)]
         out = [""] * len(sentences)
         if todo:
             done = translate_text(self.init_state, self.step, self.tokenizer,
@@ -460,10 +602,13 @@ def log_served_model(export_dir: Path, model: str, run_id: str, tracking_uri: st
     translator = Translator(export_dir)
     requirements = served_requirements()
     name = registered_model_name(model)
-    limits = {"max_input_chars": translator.max_input_chars,
-              "max_input_tokens": translator.max_input_tokens}
+    limits = {key: getattr(translator, key) for key in (
+        "max_input_chars", "max_input_tokens", "max_request_sentences", "max_request_chars",
+        "max_request_tokens")}
     metadata = {"model": model, **limits, "beam_size": translator.beam_size,
                 "alpha": translator.alpha, "too_long_input": "HTTP 400 (INVALID_PARAMETER_VALUE)",
+                "too_large_request": "HTTP 400 (INVALID_PARAMETER_VALUE), nothing decoded",
+                "empty_request": "HTTP 400 (INVALID_PARAMETER_VALUE)",
                 "empty_input": "translates to an empty string"}
     step = "logging"
     try:
@@ -489,6 +634,9 @@ def log_served_model(export_dir: Path, model: str, run_id: str, tracking_uri: st
         client.update_model_version(name, version, description=(
             f"{model} translation model of run {run_id}. Input: a list of sentences, each at most "
             f"{translator.max_input_chars} characters (longer: HTTP 400, INVALID_PARAMETER_VALUE); "
+            f"per request 1 to {translator.max_request_sentences} sentences, at most "
+            f"{translator.max_request_chars} characters and {translator.max_request_tokens} "
+            "tokens together (else HTTP 400; split the request); "
             f"an empty sentence translates to \"\". Beam size {translator.beam_size}, "
             f"alpha {translator.alpha}. Serve: {serve_command(name, tracking_uri, version)}"))
         step = f"setting the alias {CHAMPION} of"

@@ -7,11 +7,19 @@ the export folder (``models/<model>/``) as the artifact ``export``.
 Input: a list of English sentences (``{"inputs": [...]}`` over HTTP, or a list
 or one-column DataFrame in Python). Output: one French string per sentence,
 decoded exactly as ``src/translate.py`` does (:class:`attnlab.export.Translator`:
-the export's beam settings; "" → ""). A sentence longer than the export's
-``serving.max_input_chars`` characters (default 500), or ``max_input_tokens``
-sentencepiece tokens, raises ``MlflowException`` with
-``INVALID_PARAMETER_VALUE``: the scoring server answers HTTP 400 with the
-limit in the message, and nothing of the request is decoded.
+the export's beam settings; "" → "").
+
+A request is checked before anything is decoded (:meth:`attnlab.export.Translator.check_request`):
+no sentence; more than ``serving.max_request_sentences`` sentences (default 32),
+``max_request_chars`` characters (4,000) or ``max_request_tokens`` sentencepiece tokens
+(1,000) together; a sentence longer than ``max_input_chars`` characters (500) or
+``max_input_tokens`` tokens; or an item that is not a string: each raises
+``MlflowException`` with ``INVALID_PARAMETER_VALUE``, which the scoring server answers
+with HTTP 400 and the message (the count, the limit, its setting, how to split). The
+per-request limits keep a request well inside the scoring server's
+``MLFLOW_SCORING_SERVER_REQUEST_TIMEOUT`` (60 s), after which it answers 504 whatever
+the model is still doing. Bad JSON and a body without ``inputs`` never reach ``predict``:
+MLflow answers those with its own 400.
 
 No ``from __future__ import annotations`` here: MLflow reads ``predict``'s
 type hints at class creation to build the signature and validate inputs.
@@ -26,7 +34,7 @@ import mlflow
 from mlflow.exceptions import MlflowException
 from mlflow.protos.databricks_pb2 import INVALID_PARAMETER_VALUE
 
-from attnlab.export import EXPORT_ARTIFACT, InputTooLongError, Translator
+from attnlab.export import EXPORT_ARTIFACT, InputTooLongError, InvalidRequestError, Translator
 
 
 class TranslationModel(mlflow.pyfunc.PythonModel):
@@ -37,15 +45,18 @@ class TranslationModel(mlflow.pyfunc.PythonModel):
         self.translator = Translator(context.artifacts[EXPORT_ARTIFACT])
 
     def predict(self, context, model_input: list[str], params=None) -> list[str]:
-        """Translate each sentence; list of N str → list of N str, input order.
+        """Translate each sentence; list of N str (1 ≤ N ≤ ``max_request_sentences``) →
+        list of N str, input order.
 
         Raises:
-            MlflowException: INVALID_PARAMETER_VALUE (HTTP 400) if a sentence is longer
-                than ``max_input_chars`` characters or ``max_input_tokens`` tokens.
+            MlflowException: INVALID_PARAMETER_VALUE (HTTP 400), nothing decoded, if the
+                list is empty, holds a non-string, is over a per-request limit (sentences,
+                characters, tokens), or a sentence is over a per-sentence limit; the
+                message names the problem, the limit and its ``serving.*`` setting.
         """
         try:
-            return self.translator(model_input)
-        except InputTooLongError as e:
+            return self.translator.serve(model_input)
+        except (InputTooLongError, InvalidRequestError) as e:
             raise MlflowException(str(e), error_code=INVALID_PARAMETER_VALUE) from None
 
 

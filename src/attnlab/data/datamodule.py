@@ -38,7 +38,8 @@ class ResumableDataLoader(DataLoader):
     iterator; ``batches_done``: batches it yielded) in every checkpoint and calls
     :meth:`load_state_dict` before it iterates on resume (``_Stateful`` loaders,
     ``pytorch_lightning.loops.fit_loop``). Works with ``num_workers=0``, where the
-    sampler is not read ahead.
+    sampler is not read ahead. A state saved after the epoch's last batch (the checkpoint
+    Lightning writes at the epoch's end) resumes at the start of the next epoch.
     """
 
     def __init__(self, *args, **kwargs):
@@ -56,8 +57,11 @@ class ResumableDataLoader(DataLoader):
         return {"epoch": self._epoch, "batches_done": self._batches_done}
 
     def load_state_dict(self, state: dict) -> None:
-        self.batch_sampler.set_epoch(state["epoch"])
-        self.batch_sampler.skip = state["batches_done"]
+        epoch, done = state["epoch"], state["batches_done"]
+        if done >= len(self.batch_sampler):  # the epoch had ended: the next one, from its start
+            epoch, done = epoch + 1, 0
+        self.batch_sampler.set_epoch(epoch)
+        self.batch_sampler.skip = done
 
 
 class TranslationDataModule(pl.LightningDataModule):
@@ -65,7 +69,7 @@ class TranslationDataModule(pl.LightningDataModule):
 
     Sentencepiece corpora give length-bucketed batches (see
     :mod:`attnlab.data.batching`); ``data=fra_eng_d2l`` gives D2L's
-    fixed-length rows, shuffled for training as D2L's ``DataLoader`` does.
+    fixed-length rows, shuffled for training (a permutation per epoch from seed + epoch).
 
     Args:
         tokenized_dir: folder with the tokenizer (``spm.model`` or ``vocab.json``)
@@ -118,12 +122,10 @@ class TranslationDataModule(pl.LightningDataModule):
         ds = self.dataset(split)
         world, rank = self._replicas()
         if self.fixed_length:
-            if world > 1:
-                sampler = DistributedSampler(ds, world, rank, shuffle=shuffle, seed=self.seed)
-                return DataLoader(ds, batch_size=self.batch_size, sampler=sampler,
-                                  num_workers=self.num_workers)
-            gen = torch.Generator().manual_seed(self.seed)
-            return DataLoader(ds, batch_size=self.batch_size, shuffle=shuffle, generator=gen,
+            # One replica: a permutation drawn from seed + epoch (set_epoch), not from a generator
+            # that a resumed run would restart, so a resumed epoch sees the uninterrupted order.
+            sampler = DistributedSampler(ds, max(world, 1), rank, shuffle=shuffle, seed=self.seed)
+            return DataLoader(ds, batch_size=self.batch_size, sampler=sampler,
                               num_workers=self.num_workers)
         shard = {"num_replicas": world, "rank": rank}
         if split == "train" and self.max_tokens:
@@ -139,7 +141,24 @@ class TranslationDataModule(pl.LightningDataModule):
                       generator=torch.Generator().manual_seed(self.seed))
 
     def train_dataloader(self):
-        return self._loader("train", shuffle=True)
+        """The training loader, its sampler set to the epoch the attached Trainer runs next.
+
+        Lightning creates the training iterator, and fetches its first batch, before it
+        calls ``set_epoch`` (``FitLoop.setup_data`` before ``on_advance_start``; Lightning
+        issue #21938), and loads no loader state from a checkpoint written at an epoch's
+        end: without this, a run resumed at an epoch boundary would train its first epoch
+        in epoch 0's order. ``epoch_progress.current.processed`` is restored by then and is
+        the value ``on_advance_start`` passes to ``set_epoch``.
+        """
+        loader = self._loader("train", shuffle=True)
+        trainer = getattr(self, "trainer", None)
+        if trainer is not None:
+            sampler = getattr(loader, "batch_sampler", None)
+            if not hasattr(sampler, "set_epoch"):
+                sampler = loader.sampler
+            if hasattr(sampler, "set_epoch"):
+                sampler.set_epoch(trainer.fit_loop.epoch_progress.current.processed)
+        return loader
 
     def val_dataloader(self):
         return self._loader("val", shuffle=False)

@@ -7,17 +7,21 @@ checkpoint resumes training only if it was written with the same config
 (:func:`config_fingerprint`); it carries the MLflow run id, so the run
 continues in the same MLflow run, and the RNG state, so dropout draws the
 same masks as an uninterrupted run. The finished run deletes ``last.ckpt``.
+:class:`ResumableCheckpoint` keeps the best score and path across a moved or cloned
+project and never writes a step checkpoint that would skip an epoch's validation.
 """
 from __future__ import annotations
 
 import hashlib
 import json
+import os
 from dataclasses import dataclass
 from pathlib import Path
 
 import pytorch_lightning as pl
 import torch
 from omegaconf import DictConfig, OmegaConf
+from pytorch_lightning.callbacks import ModelCheckpoint
 
 LAST = "last"
 
@@ -98,3 +102,52 @@ def find_resume_point(checkpoint_dir: Path, fingerprint: str) -> tuple[ResumePoi
     return (ResumePoint(path, state.get("run_id")),
             f"resuming from {path} (epoch {ckpt.get('epoch')}, step {ckpt.get('global_step')}), "
             f"MLflow run {state.get('run_id')}")
+
+
+class ResumableCheckpoint(ModelCheckpoint):
+    """Lightning's ``ModelCheckpoint`` that resumes exactly, also in a moved or cloned project.
+
+    Two differences, both from Lightning 2.6's behaviour:
+
+    * **Moved folder.** ``ModelCheckpoint.load_state_dict`` drops ``best_model_score``,
+      ``best_k_models``, ``kth_*`` and ``last_model_path`` when the checkpoint's ``dirpath``
+      differs from the current one (it warns "The dirpath has changed"), and the next
+      validation then replaces the best checkpoint with a worse one. Here every saved path
+      under the old ``dirpath`` is re-based onto the current ``dirpath`` first, so the state
+      is reloaded whole (paths elsewhere are kept as they are).
+    * **Last batch.** A step checkpoint written at ``on_train_batch_end`` of an epoch's last
+      batch resumes as a finished epoch: Lightning's fit loop then skips that epoch's
+      validation (``FitLoop.reset``: ``restarted_on_train_batch_end`` and ``is_last_batch``),
+      so its ``val_loss`` is never logged nor compared for the best checkpoint. Step
+      checkpoints skip that batch; the epoch's own checkpoint follows its validation.
+
+    The state key is Lightning's (``ModelCheckpoint{...}``), so checkpoints written with
+    the plain class resume too; the state holds only strings, floats and tensors
+    (``torch.load(weights_only=True)`` reads it).
+    """
+
+    @property
+    def state_key(self) -> str:
+        return super().state_key.replace(type(self).__qualname__, ModelCheckpoint.__qualname__, 1)
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
+        if trainer.fit_loop.epoch_loop.batch_progress.is_last_batch:
+            return
+        super().on_train_batch_end(trainer, pl_module, outputs, batch, batch_idx)
+
+    def load_state_dict(self, state_dict: dict) -> None:
+        old, new = state_dict.get("dirpath"), self.dirpath
+        if old and new and old != new:
+            state_dict = {**state_dict, "dirpath": new,
+                          "best_k_models": {_rebase(k, old, new): v
+                                            for k, v in state_dict.get("best_k_models", {}).items()}}
+            for key in ("best_model_path", "kth_best_model_path", "last_model_path"):
+                if key in state_dict:
+                    state_dict[key] = _rebase(state_dict[key], old, new)
+        super().load_state_dict(state_dict)
+
+
+def _rebase(path: str, old_dir: str, new_dir: str) -> str:
+    """``path`` moved from under ``old_dir`` to ``new_dir``; unchanged if it is not under ``old_dir``."""
+    prefix = old_dir.rstrip(os.sep) + os.sep
+    return os.path.join(new_dir, path[len(prefix):]) if path and path.startswith(prefix) else path
