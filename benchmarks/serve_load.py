@@ -5,7 +5,7 @@ The load of ``tests/test_serving_load.py`` at a larger size (the same code,
 each at once, 1–32 sentences (seeded) or, every ``--invalid-every``-th, one of
 the invalid requests (bad JSON, wrong schema, non-strings, an empty list, over
 each limit), and check every answer: 200 with the translations
-:class:`attnlab.export.Translator` gives, or a 4xx whose message names the problem.
+:class:`attnlab.export.translator.Translator` gives, or a 4xx whose message names the problem.
 The server's process tree RSS is sampled throughout. The last line of output is one
 JSON object: latency p50/p95/p99 (ms, valid requests), sentences/s, requests by
 HTTP status, wrong answers, RSS of the first and last quarter of the run and its growth.
@@ -34,7 +34,8 @@ sys.path.insert(0, str(ROOT / "tests"))  # serve_harness, corpus_fixture
 import mlflow  # noqa: E402
 import torch  # noqa: E402
 
-from attnlab.export import Translator, log_served_model  # noqa: E402
+from attnlab.export.registry import log_served_model  # noqa: E402
+from attnlab.export.translator import Translator  # noqa: E402
 from serve_harness import (PAIRS, invalid_requests, run_load, start_server,  # noqa: E402
                            stop_server, summarize, tiny_export)
 

@@ -21,7 +21,7 @@ from attnlab.data.tokenizer import EOS_ID, load_tokenizer
 from attnlab.decoding import greedy_decode
 from attnlab.files import write_json_atomic
 from attnlab.metrics import d2l_bleu
-from attnlab.tracking import log_to_run, read_run_record
+from attnlab.tracking import log_to_run, prepare_store, read_run_record
 
 # The book's examples and references (D2L 10.7.6, 11.4.4, 11.7.6).
 ENGLISH = ["go .", "i lost .", "he's calm .", "i'm home ."]
@@ -48,6 +48,7 @@ def main(cfg: DictConfig) -> None:
                          "add data=fra_eng_d2l to the command")
     name = cfg.model.name
     record = read_run_record(Path(cfg.paths.runs) / f"{name}.json", name)
+    prepare_store(record["tracking_uri"], cfg.mlflow.artifact_location)
     net = load_net(record["checkpoint"], expected_kind=name)
     with torch.no_grad():
         rows = d2l_table(net, load_tokenizer(cfg.paths.tokenized))

@@ -8,13 +8,13 @@ from pathlib import Path
 import hydra
 from omegaconf import DictConfig
 
-from attnlab import console
+from attnlab.console import logs, summaries
 from attnlab.data.download import DownloadError, fetch
 
 
 @hydra.main(version_base="1.3", config_path="../conf", config_name="download")
 def main(cfg: DictConfig) -> None:
-    console.setup(mlflow=False)
+    logs.setup(mlflow=False)
     raw, files = Path(cfg.paths.raw), []
     for relpath, src in cfg.sources.items():
         url = src.get("url") or f"{cfg.multi30k_url}/{Path(relpath).name}"
@@ -24,7 +24,7 @@ def main(cfg: DictConfig) -> None:
         except DownloadError as e:
             raise SystemExit(f"download failed: {e}") from None
         files.append((relpath, fetched.downloaded))
-    print(console.download_summary(raw, files, f"mirror {cfg.mirror}" if cfg.mirror else "canonical URLs"))
+    print(summaries.download_summary(raw, files, f"mirror {cfg.mirror}" if cfg.mirror else "canonical URLs"))
 
 
 if __name__ == "__main__":

@@ -16,7 +16,7 @@ from pathlib import Path
 import hydra
 from omegaconf import DictConfig, OmegaConf
 
-from attnlab import console
+from attnlab.console import logs, summaries
 from attnlab.checkpoint import load_net
 from attnlab.data.corpora import read_lines
 from attnlab.data.tokenizer import load_sentencepiece
@@ -25,19 +25,20 @@ from attnlab.lit.device import DeviceUnavailableError, single_device
 from attnlab.metrics import corpus_scores, sacrebleu_signatures
 from attnlab.models.nadaraya_watson import nw_evaluation, synthetic_from_config
 from attnlab.files import write_json_atomic, write_lines_atomic
-from attnlab.tracking import log_to_run, read_run_record
+from attnlab.tracking import log_to_run, prepare_store, read_run_record
 
 BATCH_SIZE = 128  # test sentences decoded together (sorted by length)
 
 
 @hydra.main(version_base="1.3", config_path="../conf", config_name="config")
 def main(cfg: DictConfig) -> None:
-    console.setup()
+    logs.setup()
     name = cfg.model.name
     if cfg.data.get("tokenizer") == "d2l_words":
         raise SystemExit(f"data={cfg.data.name} has no test split; D2L scores its models with "
                          f"`python src/d2l_table.py data={cfg.data.name} model={name}`")
     record = read_run_record(Path(cfg.paths.runs) / f"{name}.json", name)
+    prepare_store(record["tracking_uri"], cfg.mlflow.artifact_location)
     net = load_net(record["checkpoint"], expected_kind=name)
     metrics_path = Path(cfg.paths.metrics) / f"{name}.json"
     if cfg.model.task == "regression":
@@ -74,7 +75,7 @@ def main(cfg: DictConfig) -> None:
         artifacts = [(hyp_path, "evaluation")]
     write_json_atomic(metrics_path, scores)
     log_to_run(record["run_id"], record["tracking_uri"], logged, artifacts, tags)
-    print(console.evaluate_summary(name, scores, metrics_path, record, hyp_path, logged))
+    print(summaries.evaluate_summary(name, scores, metrics_path, record, hyp_path, logged))
 
 
 if __name__ == "__main__":

@@ -21,7 +21,7 @@ from pathlib import Path
 import hydra
 from omegaconf import DictConfig
 
-from attnlab import console
+from attnlab.console import logs, summaries
 from attnlab.data import d2l
 from attnlab.data.corpora import CorpusError, load_splits
 from attnlab.data.tokenizer import (VocabSizeError, encode_pairs, filter_pairs, train_sentencepiece,
@@ -67,7 +67,7 @@ def tokenize_d2l(cfg: DictConfig, out: Path) -> None:
         write_json_atomic(tmp / "stats.json", {
             "rule": "none: D2L's MTFraEng trims or pads every sequence to num_steps",
             "splits": {"train": len(train["src"]), "val": len(val["src"])}})
-    print(console.tokenize_summary(
+    print(summaries.tokenize_summary(
         f"{c.name} {c.src_lang}-{c.tgt_lang}, D2L words", out,
         {"train": str(len(train["src"])), "val": str(len(val["src"]))},
         f"{tokenizer.source_vocab_size()} source words, {tokenizer.get_piece_size()} target words"))
@@ -122,13 +122,13 @@ def tokenize_sentencepiece(cfg: DictConfig, out: Path) -> None:
                 f"sentencepiece stopped at {sp.get_piece_size()})")
     kept = {name: str(n["kept"]) + (f" of {n['pairs']}" if n["kept"] != n["pairs"] else "")
             for name, n in stats["splits"].items()}
-    print(console.tokenize_summary(f"{c.name} {c.src_lang}-{c.tgt_lang}, sentencepiece", out, kept,
-                                   f"{sp.get_piece_size()} pieces{note}"))
+    print(summaries.tokenize_summary(f"{c.name} {c.src_lang}-{c.tgt_lang}, sentencepiece", out, kept,
+                                     f"{sp.get_piece_size()} pieces{note}"))
 
 
 @hydra.main(version_base="1.3", config_path="../conf", config_name="config")
 def main(cfg: DictConfig) -> None:
-    console.setup(mlflow=False)
+    logs.setup(mlflow=False)
     if cfg.data.name == "synthetic":
         raise SystemExit("data=synthetic needs no tokenizer; choose data=multi30k or data=fra_eng")
     out = Path(cfg.paths.tokenized)

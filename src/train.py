@@ -25,18 +25,19 @@ from pytorch_lightning.utilities import rank_zero_only
 from pytorch_lightning.utilities.exceptions import SIGTERMException
 from omegaconf import DictConfig, OmegaConf
 
-from attnlab import console
+from attnlab.console import logs, summaries
 from attnlab.checkpoint import load_net
 from attnlab.files import ensure_writable
 from attnlab.lit.averaging import WeightAveraging
 from attnlab.lit.logger import ResilientMLFlowLogger
+from attnlab.lit.progress import train_callbacks
 from attnlab.lit.resume import LAST, ResumableCheckpoint, ResumeState, config_fingerprint, find_resume_point
 from attnlab.lit.heatmaps import EpochHeatmaps
 from attnlab.lit.history import EpochHistoryLogger
 from attnlab.lit.setup import build_task, heatmap_sources, heatmaps
 from attnlab.lit.translation import NonFiniteLossError
 from attnlab.sweep import sweep_job
-from attnlab.tracking import check_tracking_server, write_run_record
+from attnlab.tracking import prepare_store, write_run_record
 
 log = logging.getLogger("train")
 
@@ -98,10 +99,10 @@ def clear_plots(folder: Path) -> None:
 
 @hydra.main(version_base="1.3", config_path="../conf", config_name="config")
 def main(cfg: DictConfig) -> None:
-    console.setup()  # quiet logs under `dvc repro`; ATTNLAB_VERBOSE=1 shows everything
+    logs.setup()  # quiet logs under `dvc repro`; ATTNLAB_VERBOSE=1 shows everything
     sweep = sweep_job(cfg)  # multirun (-m): outputs in the job's dir, run nested in the sweep's
     ensure_writable(cfg.paths.checkpoints, cfg.paths.runs, cfg.paths.plots)
-    check_tracking_server(cfg.mlflow.tracking_uri)
+    prepare_store(cfg.mlflow.tracking_uri, cfg.mlflow.artifact_location)
     pl.seed_everything(cfg.seed, workers=True)
     module, loaders = build_task(cfg)
     fingerprint = config_fingerprint(cfg)
@@ -121,7 +122,7 @@ def main(cfg: DictConfig) -> None:
     kept, resume_checkpoints = checkpoint_callbacks(cfg)
     averaging = WeightAveraging(cfg.checkpoint.average_last) if cfg.checkpoint.average_last else None
     callbacks = [*([kept] if kept else []), *resume_checkpoints, ResumeState(fingerprint, logger),
-                 *([averaging] if averaging else []), *console.train_callbacks(cfg)]
+                 *([averaging] if averaging else []), *train_callbacks(cfg)]
     if cfg.model.task == "translation":
         callbacks.append(EpochHeatmaps(heatmap_sources(cfg), cfg.heatmaps.epoch_kinds,
                                        plots / "attention", logger))
@@ -162,7 +163,7 @@ def main(cfg: DictConfig) -> None:
     write_run_record(Path(cfg.paths.runs) / f"{cfg.model.name}.json", logger.run_id,
                      cfg.mlflow.tracking_uri, cfg.mlflow.experiment, best_path)
     (Path(cfg.paths.checkpoints) / f"{LAST}.ckpt").unlink(missing_ok=True)  # finished: nothing to resume
-    print(console.train_summary(cfg, trainer, logger, best_path, averaged=averaged))
+    print(summaries.train_summary(cfg, trainer, logger, best_path, averaged=averaged))
 
 
 if __name__ == "__main__":

@@ -5,7 +5,7 @@ Shared by ``tests/test_serving.py``, ``tests/test_serving_load.py`` (CI size) an
 drives the server the way a user's HTTP clients do, over loopback only.
 
 - :func:`tiny_export`: a 1-layer d=32 Transformer that learns the 48 pairs of
-  ``corpus_fixture`` (about 2 s on one thread), exported with :mod:`attnlab.export`.
+  ``corpus_fixture`` (about 2 s on one thread), exported with :mod:`attnlab.export.trace`.
 - :func:`start_server` / :func:`stop_server`: ``mlflow models serve`` in its own process
   group, waited for with ``GET /ping``, stopped with SIGTERM then SIGKILL.
 - :func:`run_load`: N client threads, a fixed number of requests each (1–32 sentences,
@@ -36,7 +36,7 @@ import torch.nn.functional as F
 
 from attnlab.data.batching import collate
 from attnlab.data.tokenizer import PAD_ID, train_sentencepiece
-from attnlab.export import export_translation
+from attnlab.export.trace import export_translation
 from attnlab.models.transformer import Transformer
 from corpus_fixture import sentences
 
@@ -61,7 +61,7 @@ def learned_transformer(sp) -> Transformer:
 def tiny_export(tmp: Path, decoding: dict, max_input_chars: int, **limits) -> Path:
     """Train the tokenizer (vocabulary ≤ 120) and :func:`learned_transformer`, export to ``tmp/export``.
 
-    ``limits`` go to :func:`attnlab.export.export_translation` (``max_request_sentences``, …).
+    ``limits`` go to :func:`attnlab.export.trace.export_translation` (``max_request_sentences``, …).
     """
     sp = train_sentencepiece([s for pair in PAIRS for s in pair], tmp / "spm", vocab_size=120)
     return export_translation(learned_transformer(sp), tmp / "spm.model", tmp / "export",
@@ -189,9 +189,9 @@ class RssSampler(threading.Thread):
 def invalid_requests(translator) -> list[tuple[str, bytes, list[str]]]:
     """The invalid requests a load mixes in: (name, raw body, words its 4xx message must contain).
 
-    Built from ``translator``'s limits (an :class:`attnlab.export.Translator` of the served
+    Built from ``translator``'s limits (an :class:`attnlab.export.translator.Translator` of the served
     export). The first seven are answered by MLflow's scoring server itself (its messages);
-    the others by the pyfunc (:meth:`attnlab.export.Translator.check_request`).
+    the others by the pyfunc (:meth:`attnlab.export.translator.Translator.check_request`).
     """
     def body(obj) -> bytes:
         return json.dumps(obj).encode()
@@ -255,7 +255,7 @@ def run_load(base: str, server_pid: int, pool: list[str], expected: dict[str, st
     Client c's requests come from ``random.Random(seed + c)``: every ``invalid_every``-th
     one is the next of ``invalid`` (round robin over all clients), the others
     1–``max_sentences`` sentences drawn from ``pool`` (with a ``translator``, the last ones
-    dropped while the request is over that :class:`attnlab.export.Translator`'s
+    dropped while the request is over that :class:`attnlab.export.translator.Translator`'s
     per-request limits). A valid answer is right when it is HTTP 200 with one translation
     per sentence equal to ``expected[sentence]`` (any strings when ``expected`` is None);
     an invalid one when it is a 4xx whose message contains each of its words
@@ -309,7 +309,7 @@ def run_load(base: str, server_pid: int, pool: list[str], expected: dict[str, st
 
 def _fits(translator, batch: list[str]) -> bool:
     """Whether ``batch`` is within ``translator``'s per-request limits."""
-    from attnlab.export import RequestTooLargeError
+    from attnlab.export.translator import RequestTooLargeError
 
     try:
         translator.check_request(batch)

@@ -96,3 +96,46 @@ def test_runs_in_dvcs_temporary_workspace_track_to_the_project(monkeypatch, root
     assert cfg.mlflow.artifact_location == f"{project}/mlruns"
     assert cfg.paths.checkpoints == f"{root}/checkpoints/transformer"  # outputs stay in the run's copy
     assert cfg.paths.plots == f"{root}/plots/transformer"
+
+
+def _yaml(path: str):
+    from omegaconf import OmegaConf
+    return OmegaConf.load(Path(CONF) / path)
+
+
+def test_trainer_full_extends_default_with_only_its_changes(monkeypatch):
+    from omegaconf import OmegaConf
+    full = _yaml("trainer/full.yaml")
+    assert list(full.defaults) == ["default", "_self_"]
+    own = {k: v for k, v in OmegaConf.to_container(full).items() if k != "defaults"}
+    base = OmegaConf.to_container(_compose(["trainer=default"], monkeypatch).trainer)
+    assert own and all(base[k] != v for k, v in own.items()), "full.yaml repeats a default value"
+    composed = OmegaConf.to_container(_compose(["trainer=full"], monkeypatch).trainer)
+    assert composed == {**base, **own}
+    assert composed["max_epochs"] == 40 and composed["precision"] == "bf16-mixed"
+
+
+@pytest.mark.parametrize("model", ["bahdanau", "transformer"])
+def test_d2l_profiles_share_d2l_yaml_and_state_only_their_model(model):
+    profile = _yaml(f"profile/fra_eng_d2l_{model}.yaml")
+    assert list(profile.defaults) == ["d2l", "_self_"]
+    shared = _yaml("profile/d2l.yaml")
+    # config.yaml selects `profile: ${data}_${model}`: no pair of choices selects d2l.yaml alone
+    pairs = {f"{d.stem}_{m.stem}" for d in Path(CONF, "data").glob("*.yaml")
+             for m in Path(CONF, "model").glob("*.yaml")}
+    assert f"fra_eng_d2l_{model}" in pairs and "d2l" not in pairs
+    assert not set(profile.model) & set(shared.model) and not set(profile.optimizer) & set(shared.optimizer)
+    assert set(profile) == {"defaults", "model", "optimizer"}
+
+
+@pytest.mark.parametrize("name", ["bahdanau", "transformer"])
+def test_model_constructor_defaults_equal_conf_model_yaml(name):
+    """conf/model/<name>.yaml is the one place of the model's sizes: the Python defaults agree."""
+    import importlib
+    import inspect
+    from omegaconf import OmegaConf
+
+    net = OmegaConf.to_container(_yaml(f"model/{name}.yaml").net)
+    module, cls = net.pop("_target_").rsplit(".", 1)
+    params = inspect.signature(getattr(importlib.import_module(module), cls)).parameters
+    assert {k: params[k].default for k in net} == net

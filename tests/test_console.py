@@ -1,4 +1,4 @@
-"""Console output (attnlab.console): what a `dvc repro` log and a terminal show.
+"""Console output (the attnlab.console package): what a `dvc repro` log and a terminal show.
 
 The tiny Transformer (tests/tiny_train.py) trains for 2 epochs as a `dvc repro` stage
 would run it: DVC_STAGE set, stdout a pipe, the progress bar enabled in the config.
@@ -7,7 +7,7 @@ run's MLflow history, and the summary, whose run id, artifact URI and best epoch
 the ones MLflow and runs/transformer.json hold; stderr must be empty. Evaluate and
 export then run on that project, in this process, under DVC_STAGE too. Further
 in-process checks cover the progress bar's per-step ``loss`` and ``tokens/s``, which
-callbacks a terminal gets, and what console.setup hides with and without ATTNLAB_VERBOSE.
+callbacks a terminal gets, and what logs.setup hides with and without ATTNLAB_VERBOSE.
 """
 from __future__ import annotations
 
@@ -25,9 +25,10 @@ import pytest
 import torch
 from hydra import compose, initialize_config_dir
 
-from attnlab import console
+from attnlab.console import logs, summaries
+from attnlab.console.runs import mlflow_links
 from attnlab.checkpoint import load_net
-from attnlab.lit.progress import RichBar
+from attnlab.lit.progress import RichBar, train_callbacks
 from attnlab.tracking import read_run_record
 from tiny_train import ROOT, TINY, history, make_project, mlflow_client, runs, train
 
@@ -206,9 +207,9 @@ def test_progress_bar_shows_each_steps_loss_and_the_epochs_running_tokens_per_se
 
 def test_train_callbacks_bar_on_a_terminal_epoch_lines_elsewhere(trained, monkeypatch):
     root, _ = trained
-    names = lambda cfg: [type(c).__name__ for c in console.train_callbacks(cfg)]  # noqa: E731
+    names = lambda cfg: [type(c).__name__ for c in train_callbacks(cfg)]  # noqa: E731
     monkeypatch.delenv("DVC_STAGE", raising=False)
-    monkeypatch.delenv(console.VERBOSE_ENV, raising=False)
+    monkeypatch.delenv(logs.VERBOSE_ENV, raising=False)
     assert not sys.stdout.isatty()
     assert names(_cfg(root)) == ["EpochLines"]  # TINY turns the bar off
     assert names(_cfg(root, "trainer.enable_progress_bar=true")) == ["EpochLines", "NoBar"]
@@ -225,12 +226,12 @@ def test_train_callbacks_bar_on_a_terminal_epoch_lines_elsewhere(trained, monkey
 
 @pytest.fixture
 def console_state(monkeypatch):
-    """Undo what console.setup() changes in this process: warning filters, logger levels,
+    """Undo what logs.setup() changes in this process: warning filters, logger levels,
     handler filters, environment variables."""
-    for var in ("DVC_STAGE", console.VERBOSE_ENV, "MLFLOW_LOGGING_LEVEL", "MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR",
+    for var in ("DVC_STAGE", logs.VERBOSE_ENV, "MLFLOW_LOGGING_LEVEL", "MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR",
                 "MLFLOW_TRACKING_URI"):
         # setenv first, so that undo restores the variable's state before the test even when
-        # the test (or console.setup) sets it directly: delenv of an absent variable records nothing
+        # the test (or logs.setup) sets it directly: delenv of an absent variable records nothing
         monkeypatch.setenv(var, "")
         monkeypatch.delenv(var)
     names = ("", "pytorch_lightning", "lightning_fabric", "train", "mlflow")
@@ -282,15 +283,15 @@ def test_setup_hides_known_noise_keeps_real_warnings_and_verbose_keeps_everythin
                      "training loss is nan at step 3"]
 
     os.environ["DVC_STAGE"] = "train@transformer"
-    os.environ[console.VERBOSE_ENV] = "1"
-    console.setup()  # verbose: nothing hidden, nothing set
+    os.environ[logs.VERBOSE_ENV] = "1"
+    logs.setup()  # verbose: nothing hidden, nothing set
     assert _emit() == both_warnings
     assert out.getvalue().splitlines() == everything
     assert "MLFLOW_LOGGING_LEVEL" not in os.environ
 
-    del os.environ[console.VERBOSE_ENV]
+    del os.environ[logs.VERBOSE_ENV]
     out.truncate(0), out.seek(0)
-    console.setup()  # under `dvc repro`
+    logs.setup()  # under `dvc repro`
     assert os.environ["MLFLOW_LOGGING_LEVEL"] == "WARNING"
     assert _emit() == ["training loss is nan at step 3"]
     assert out.getvalue().splitlines() == ["a real Lightning warning",
@@ -299,7 +300,7 @@ def test_setup_hides_known_noise_keeps_real_warnings_and_verbose_keeps_everythin
 
 def test_setup_outside_dvc_hides_only_the_noise(console_state):
     out = console_state
-    console.setup()
+    logs.setup()
     assert _emit() == ["training loss is nan at step 3"]
     assert out.getvalue().splitlines() == ["GPU available: False, used: False", "a real Lightning warning",
                                            "resuming from last.ckpt (epoch 1, step 11)",
@@ -307,19 +308,20 @@ def test_setup_outside_dvc_hides_only_the_noise(console_state):
 
 
 def test_block_aligns_keys_and_mlflow_links_name_the_ui():
-    assert console.block("t", [("a", 1), ("long key", "x"), ("skipped", None)], ["note"]) == (
+    assert summaries.block("t", [("a", 1), ("long key", "x"), ("skipped", None)], ["note"]) == (
         "t\n  a        : 1\n  long key : x\nnote")
-    assert console.mlflow_links("sqlite:////p/mlflow.db", "3", "abc") == [
+    assert mlflow_links("sqlite:////p/mlflow.db", "3", "abc") == [
         ("browse", "mlflow ui --backend-store-uri sqlite:////p/mlflow.db"),
         ("run page", "http://127.0.0.1:5000/#/experiments/3/runs/abc")]
-    assert console.mlflow_links("http://h:5000/", "3", "abc") == [
+    assert mlflow_links("http://h:5000/", "3", "abc") == [
         ("run page", "http://h:5000/#/experiments/3/runs/abc")]
 
 
 def test_importing_the_console_does_not_import_lightning():
     """download and tokenize use the console; Lightning (seconds to import) comes with
-    attnlab.lit.progress, which only train_callbacks imports."""
-    code = ("import sys, attnlab.console; "
+    attnlab.lit.progress, which only train imports."""
+    code = ("import sys, attnlab.console.logs, attnlab.console.summaries, attnlab.console.runs, "
+            "attnlab.console.epoch_table; "
             "print(sorted(m for m in sys.modules if m.split('.')[0] in ('lightning', 'pytorch_lightning')))")
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert result.stdout == "[]\n"

@@ -6,7 +6,8 @@ import torch
 
 from attnlab.data.tokenizer import BOS_ID, EOS_ID, PAD_ID, train_sentencepiece
 from attnlab.decoding import greedy_decode, strip_special, translate
-from attnlab.export import export_translation, load_translator
+from attnlab.export.trace import export_translation
+from attnlab.export.translator import load_translator
 from attnlab.models.bahdanau import Bahdanau
 from attnlab.models.nadaraya_watson import (NadarayaWatson, leave_one_out, synthetic_regression,
                                             true_function)

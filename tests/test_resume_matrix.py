@@ -14,6 +14,7 @@ the best score (Lightning drops it when the checkpoint folder moved) keeps epoch
 import csv
 import json
 import shutil
+from pathlib import Path
 
 import pytest
 import torch
@@ -95,9 +96,16 @@ def test_resume_reproduces_the_uninterrupted_run(reference, tmp_path, kill, plac
     (best_epoch, best_step, state), (ref_epoch, ref_step, ref_state) = _best(root), _best(reference)
     assert (best_epoch, best_step) == (ref_epoch, ref_step)
     assert float(state["best_model_score"]) == pytest.approx(float(ref_state["best_model_score"]), abs=1e-6)
-    # The run record points at this project's best.ckpt (the path re-based after a move).
-    assert json.loads((root / "runs/transformer.json").read_text())["checkpoint"] == \
-        "../checkpoints/transformer/best.ckpt"
+    # The run record points at this project's best.ckpt and store (paths relative to runs/).
+    record = json.loads((root / "runs/transformer.json").read_text())
+    assert (record["checkpoint"], record["tracking_db"]) == ("../checkpoints/transformer/best.ckpt", "../mlflow.db")
+    # The run's artifacts are in this project's mlruns/, even after a move; the old place is not recreated.
+    assert run.info.artifact_uri.startswith(f"{root}/mlruns/"), run.info.artifact_uri
+    assert [f.path for f in mlflow_client(root).list_artifacts(run.info.run_id, "checkpoint")] == \
+        ["checkpoint/best.ckpt"]
+    assert (Path(root) / "mlruns").is_dir()
+    if place == "moved-folder":
+        assert not (tmp_path / "project").exists(), "the old project folder was recreated"
 
 
 def test_checkpoint_state_is_rebased_onto_a_moved_folder(tmp_path):

@@ -1,6 +1,6 @@
 """The served model's environment is complete: its ``requirements.txt`` alone loads and runs it.
 
-:func:`attnlab.export.served_requirements` derives the logged model's requirements
+:func:`attnlab.export.requirements.served_requirements` derives the logged model's requirements
 from the imports of the served code (``serving.py`` and every attnlab module it
 reaches). Checked here:
 
@@ -11,7 +11,7 @@ reaches). Checked here:
 - end to end, what MLflow's virtualenv env manager and Docker image do: a fresh
   virtualenv (no system site-packages) with only that file installed loads
   ``models:/attnlab-transformer@champion`` and translates exactly like the export's
-  :class:`attnlab.export.Translator` in this venv; attnlab comes from the model's code;
+  :class:`attnlab.export.translator.Translator` in this venv; attnlab comes from the model's code;
 - ``mlflow models generate-dockerfile`` writes a build context that needs nothing
   else from this repository.
 
@@ -37,8 +37,9 @@ from pathlib import Path
 import mlflow
 import pytest
 
-from attnlab.export import (CHAMPION, ServedRequirementsError, Translator, served_imports,
-                            served_requirements)
+from attnlab.export.registry import CHAMPION
+from attnlab.export.requirements import ServedRequirementsError, served_imports, served_requirements
+from attnlab.export.translator import Translator
 from test_serving import SOURCES, store  # noqa: F401  (the same tiny model, logged twice)
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")

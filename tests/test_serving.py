@@ -1,9 +1,9 @@
 """The served model: export → MLflow pyfunc ("models from code") → registry → `mlflow models serve`.
 
 A tiny Transformer learns the 48 sentence pairs of ``corpus_fixture`` (about
-2 s on one thread), is exported with :mod:`attnlab.export` (input limit 80
+2 s on one thread), is exported with :mod:`attnlab.export.trace` (input limit 80
 characters, beam 3, α = 1) and logged + registered twice by
-:func:`attnlab.export.log_served_model` in a real temporary SQLite store, as two
+:func:`attnlab.export.registry.log_served_model` in a real temporary SQLite store, as two
 runs of the export stage would: versions 1 and 2, the alias ``champion`` on 2.
 The reference for every prediction is the export decoded the way
 ``src/translate.py`` decodes it (:func:`attnlab.decoding.translate_text`).
@@ -19,9 +19,10 @@ from mlflow.exceptions import MlflowException
 
 from attnlab.data.tokenizer import train_sentencepiece
 from attnlab.decoding import translate_text
-from attnlab.export import (CHAMPION, EmptyRequestError, InputTooLongError, InvalidRequestError,
-                            RequestTooLargeError, Translator, export_translation, load_translator,
-                            log_served_model, serve_command)
+from attnlab.export.registry import CHAMPION, log_served_model, serve_command
+from attnlab.export.trace import export_translation
+from attnlab.export.translator import (EmptyRequestError, InputTooLongError, InvalidRequestError,
+                                       RequestTooLargeError, Translator, load_translator)
 from attnlab.models.transformer import Transformer
 from serve_harness import PAIRS, learned_transformer, post, start_server, stop_server
 

@@ -6,7 +6,7 @@ characters, beam 3, α = 1; per request 32 sentences, 2,000 characters (so that 
 sentences of 80 reach it; the default is 4,000) and 1,000 tokens) on loopback. CI size: 4 client threads × 100 requests,
 every 4th one invalid (each of the 12 kinds of ``serve_harness.invalid_requests``), the
 others 1–32 sentences drawn (seeded) from the 48 fixture sentences. The reference
-for each valid answer is :class:`attnlab.export.Translator` on the export folder,
+for each valid answer is :class:`attnlab.export.translator.Translator` on the export folder,
 one sentence at a time (a sentence translates the same in any batch).
 ``benchmarks/serve_load.py`` runs the same load at a larger size.
 """
@@ -16,7 +16,8 @@ import time
 import mlflow
 import pytest
 
-from attnlab.export import Translator, log_served_model
+from attnlab.export.registry import log_served_model
+from attnlab.export.translator import Translator
 from serve_harness import (PAIRS, invalid_requests, post, run_load, start_server, stop_server,
                            summarize, tiny_export)
 

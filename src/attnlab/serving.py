@@ -1,15 +1,15 @@
 """MLflow pyfunc model of an exported translation model ("models from code").
 
 MLflow runs this file when it loads the model (``mlflow.pyfunc.load_model``,
-``mlflow models serve``); :func:`attnlab.export.log_served_model` logs it with
+``mlflow models serve``); :func:`attnlab.export.registry.log_served_model` logs it with
 the export folder (``models/<model>/``) as the artifact ``export``.
 
 Input: a list of English sentences (``{"inputs": [...]}`` over HTTP, or a list
 or one-column DataFrame in Python). Output: one French string per sentence,
-decoded exactly as ``src/translate.py`` does (:class:`attnlab.export.Translator`:
+decoded exactly as ``src/translate.py`` does (:class:`attnlab.export.translator.Translator`:
 the export's beam settings; "" → "").
 
-A request is checked before anything is decoded (:meth:`attnlab.export.Translator.check_request`):
+A request is checked before anything is decoded (:meth:`attnlab.export.translator.Translator.check_request`):
 no sentence; more than ``serving.max_request_sentences`` sentences (default 32),
 ``max_request_chars`` characters (4,000) or ``max_request_tokens`` sentencepiece tokens
 (1,000) together; a sentence longer than ``max_input_chars`` characters (500) or
@@ -25,7 +25,7 @@ No ``from __future__ import annotations`` here: MLflow reads ``predict``'s
 type hints at class creation to build the signature and validate inputs.
 
 The model's ``requirements.txt`` is derived from the imports of this file and of
-the attnlab modules it reaches (:func:`attnlab.export.served_requirements`): a new
+the attnlab modules it reaches (:func:`attnlab.export.requirements.served_requirements`): a new
 import statement there becomes a new pinned requirement. Import modules with
 ``import`` statements, not ``importlib``, which that derivation cannot see
 (``tests/test_served_env.py`` would then fail in its fresh virtualenv).
@@ -34,14 +34,19 @@ import mlflow
 from mlflow.exceptions import MlflowException
 from mlflow.protos.databricks_pb2 import INVALID_PARAMETER_VALUE
 
-from attnlab.export import EXPORT_ARTIFACT, InputTooLongError, InvalidRequestError, Translator
+from attnlab.export.malloc import cap_malloc_arenas
+from attnlab.export.registry import EXPORT_ARTIFACT
+from attnlab.export.translator import InputTooLongError, InvalidRequestError, Translator
 
 
 class TranslationModel(mlflow.pyfunc.PythonModel):
     """English sentences → French translations with an exported TorchScript model."""
 
     def load_context(self, context) -> None:
-        """Load the export folder ``context.artifacts["export"]`` (TorchScript + spm.model)."""
+        """Load the export folder ``context.artifacts["export"]`` (TorchScript + spm.model),
+        and cap glibc's malloc arenas so the server's memory stays flat under concurrent
+        requests (:func:`attnlab.export.malloc.cap_malloc_arenas`)."""
+        cap_malloc_arenas()
         self.translator = Translator(context.artifacts[EXPORT_ARTIFACT])
 
     def predict(self, context, model_input: list[str], params=None) -> list[str]:

@@ -10,10 +10,12 @@ and export add to the same run.
 from __future__ import annotations
 
 import json
+import logging
 import os
 from contextlib import contextmanager
 from pathlib import Path
 
+log = logging.getLogger(__name__)
 
 
 class TrackingServerError(ConnectionError):
@@ -58,11 +60,30 @@ def check_tracking_server(uri: str, timeout_s: int = 10) -> None:
             "MLFLOW_TRACKING_URI to track in the project's mlflow.db") from None
 
 
-def read_run_record(path: Path, model: str) -> dict:
-    """The ``runs/<model>.json`` written by training: run id, tracking URI, checkpoint path.
+def prepare_store(tracking_uri: str, artifact_location: str) -> None:
+    """What every stage does before it logs: fail fast on a dead server, rebase a moved local store.
 
-    The checkpoint path is stored relative to the record's folder (the record travels
-    with ``dvc push``/``dvc pull`` to other machines) and returned absolute.
+    Raises:
+        TrackingServerError: see :func:`check_tracking_server`.
+    """
+    check_tracking_server(tracking_uri)
+    for old, new in rebase_moved_store(tracking_uri, artifact_location).items():
+        log.warning("the project moved: MLflow artifact locations under %s now point at %s", old, new)
+
+
+def _local_db(uri: str) -> Path | None:
+    """The file of a ``sqlite:///<absolute path>`` store URI; None for every other store."""
+    if uri.startswith("sqlite:///") and uri[len("sqlite:///"):].startswith("/"):
+        return Path(uri[len("sqlite:///"):])
+    return None
+
+
+def read_run_record(path: Path, model: str) -> dict:
+    """The ``runs/<model>.json`` record written by training: run id, tracking URI, checkpoint path.
+
+    The checkpoint, and a local SQLite store beside ``runs/``, are stored relative to the
+    record's folder (the record travels with the project: ``mv``, ``git clone`` + ``dvc pull``)
+    and returned as an absolute path and an absolute ``sqlite:////…`` URI.
 
     Raises:
         FileNotFoundError: if ``model`` was not trained yet (names the command to run).
@@ -73,17 +94,82 @@ def read_run_record(path: Path, model: str) -> dict:
                                 f"`python src/train.py model={model}` or `dvc repro train@{model}`")
     record = json.loads(path.read_text())
     record["checkpoint"] = str((path.parent / record["checkpoint"]).resolve())
+    if "tracking_db" in record:
+        record["tracking_uri"] = f"sqlite:///{(path.parent / record.pop('tracking_db')).resolve()}"
     return record
 
 
 def write_run_record(path: Path, run_id: str, tracking_uri: str, experiment: str, checkpoint: Path) -> Path:
-    """Write ``runs/<model>.json`` atomically (checkpoint stored relative to its folder)."""
+    """Write ``runs/<model>.json`` atomically.
+
+    The checkpoint is stored relative to the record's folder; so is the store when it is the
+    project's own SQLite file (``<root>/mlflow.db`` beside ``<root>/runs/``), under
+    ``tracking_db`` instead of ``tracking_uri``. Any other store keeps its URI.
+    """
     from attnlab.files import write_json_atomic
 
     path = Path(path)
     rel = os.path.relpath(Path(checkpoint).resolve(), path.parent.resolve())
-    return write_json_atomic(path, {"run_id": run_id, "tracking_uri": tracking_uri,
-                                    "experiment": experiment, "checkpoint": rel})
+    db = _local_db(tracking_uri)
+    store = ({"tracking_db": os.path.relpath(db, path.parent.resolve())}
+             if db is not None and db.parent == path.parent.resolve().parent else {"tracking_uri": tracking_uri})
+    return write_json_atomic(path, {"run_id": run_id, **store, "experiment": experiment, "checkpoint": rel})
+
+
+def _rebased(location: str | None, old: str, new: str) -> str | None:
+    """``location`` with its prefix ``old`` (a folder, plain or ``file://``) replaced by ``new``."""
+    if location is None:
+        return None
+    for prefix, replacement in ((old, new), (f"file://{old}", f"file://{new}")):
+        if location == prefix or location.startswith(prefix + "/"):
+            return replacement + location[len(prefix):]
+    return None
+
+
+def rebase_moved_store(tracking_uri: str, artifact_location: str) -> dict[str, str]:
+    """Point a moved project's SQLite store at the artifact folder that moved with it.
+
+    MLflow records absolute artifact locations: each experiment's, each run's
+    ``artifact_uri``, each logged model's and each registered model version's source. When
+    the project folder is moved or copied (``mv``, ``cp -r``), the store and ``mlruns/`` move
+    together but those paths still name the old folder, so a resumed run, evaluate or export
+    would write its artifacts there (recreating it), and ``models:/…`` would load from there.
+    MLflow has no API to change them (mlflow/mlflow#3144, #2577); this rewrites them in
+    MLflow's own tables (its SQLAlchemy models), in one transaction, for every experiment whose
+    location is ``<old root>/<name of artifact_location>`` (how attnlab creates them), ``<old
+    root>`` not the current one. Other experiments and every other store are left alone.
+
+    Args:
+        tracking_uri: the store; only the local ``sqlite:////…`` kind is touched.
+        artifact_location: the configured artifact folder, ``<root>/mlruns`` (absolute).
+
+    Returns:
+        ``{old folder: new folder}`` for each folder rebased (empty: nothing had moved).
+    """
+    db, new = _local_db(tracking_uri), Path(artifact_location)
+    if db is None or not db.exists() or not new.is_absolute():
+        return {}
+    from mlflow.store.model_registry.dbmodels.models import SqlModelVersion
+    from mlflow.store.tracking.dbmodels.models import SqlExperiment, SqlLoggedModel, SqlRun
+    from mlflow.store.tracking.sqlalchemy_store import SqlAlchemyStore
+
+    store = SqlAlchemyStore(tracking_uri, str(new))
+    with store.ManagedSessionMaker(read_only=False) as session:
+        moved = {}
+        for experiment in session.query(SqlExperiment).all():
+            folder = Path((experiment.artifact_location or "").removeprefix("file://"))
+            if folder.is_absolute() and folder.name == new.name and folder != new:
+                moved[str(folder)] = str(new)
+        for old, replacement in moved.items():
+            for table, columns in ((SqlExperiment, ("artifact_location",)), (SqlRun, ("artifact_uri",)),
+                                   (SqlLoggedModel, ("artifact_location",)),
+                                   (SqlModelVersion, ("source", "storage_location"))):
+                for row in session.query(table).all():
+                    for column in columns:
+                        value = _rebased(getattr(row, column), old, replacement)
+                        if value is not None:
+                            setattr(row, column, value)
+    return moved
 
 
 def log_to_run(run_id: str, uri: str, metrics: dict | None = None,

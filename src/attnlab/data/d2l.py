@@ -17,7 +17,7 @@
 
 One deliberate difference: D2L sorts *all* tokens alphabetically, so its
 special tokens land at data-dependent ids. attnlab fixes ``<pad> <unk> <bos>
-<eos>`` at ids 0-3 (as for sentencepiece, see :mod:`attnlab.data.tokenizer`) and
+<eos>`` at ids 0-3 (as for sentencepiece, see :mod:`attnlab.data.special_tokens`) and
 keeps D2L's alphabetical order for the other tokens. The token sets are D2L's;
 ids are a fixed permutation of D2L's (and the source vocabulary also holds
 ``<bos>``, which never occurs in a source).
@@ -33,7 +33,7 @@ import numpy as np
 import torch
 
 from attnlab.data.corpora import read_zip_text
-from attnlab.data.tokenizer import BOS_ID, EOS_ID, PAD_ID, UNK_ID
+from attnlab.data.special_tokens import BOS_ID, EOS_ID, PAD_ID, UNK_ID
 from attnlab.files import write_json_atomic, write_npz_atomic
 
 SPECIALS = ("<pad>", "<unk>", "<bos>", "<eos>")  # ids PAD_ID, UNK_ID, BOS_ID, EOS_ID

@@ -2,7 +2,8 @@
 
 Special ids are fixed and distinct (sentencepiece's default pad_id is -1,
 which ``nn.Embedding(padding_idx=-1)`` would read as the last row):
-``PAD_ID=0, UNK_ID=1, BOS_ID=2, EOS_ID=3``.
+``PAD_ID=0, UNK_ID=1, BOS_ID=2, EOS_ID=3`` (defined in :mod:`attnlab.data.special_tokens`,
+importable from here too).
 
 An encoded split is one ``.npz`` with int32 arrays ``src_ids``/``tgt_ids``
 (all sentences concatenated, no bos/eos) and int64 ``src_offsets``/``tgt_offsets``
@@ -23,9 +24,8 @@ from pathlib import Path
 import numpy as np
 import sentencepiece as spm
 
+from attnlab.data.special_tokens import BOS_ID, EOS_ID, PAD_ID, UNK_ID
 from attnlab.files import write_npz_atomic
-
-PAD_ID, UNK_ID, BOS_ID, EOS_ID = 0, 1, 2, 3
 
 # sentencepiece's RuntimeError texts for a vocabulary size the corpus cannot give.
 _TOO_HIGH = re.compile(r"Vocabulary size too high \((\d+)\)\. Please set it to a value <= (\d+)")
@@ -118,6 +118,8 @@ def load_tokenizer(tokenized_dir: Path):
     """
     d = Path(tokenized_dir)
     if (d / "vocab.json").exists():
+        # Imported here: d2l brings torch, which sentencepiece users need not load. d2l takes
+        # its ids from attnlab.data.special_tokens, never from this module (no import cycle).
         from attnlab.data.d2l import D2LTokenizer
 
         return D2LTokenizer.load(d / "vocab.json")

@@ -1,18 +1,20 @@
 """Lightning callbacks of the console output (:mod:`attnlab.console`): a line per epoch, the bars.
 
-:func:`attnlab.console.train_callbacks` picks among them. They live here, not in
-:mod:`attnlab.console`, because importing Lightning takes seconds and the stages that
-never train (download, tokenize) use the console too.
+:func:`train_callbacks` picks among them. They live here, not in the :mod:`attnlab.console`
+package, because importing Lightning takes seconds and the stages that never train
+(download, tokenize) use the console too.
 """
 from __future__ import annotations
 
 import math
 import time
 
-from pytorch_lightning.callbacks import Callback, ProgressBar, RichProgressBar, TQDMProgressBar
+from pytorch_lightning.callbacks import Callback, ModelSummary, ProgressBar, RichProgressBar, TQDMProgressBar
+from pytorch_lightning.callbacks.progress.rich_progress import _RICH_AVAILABLE
 from pytorch_lightning.utilities.model_summary import get_human_readable_count
 
-from attnlab.console import _VAL_KEYS, EPOCH_COLUMNS, _count, _scalar
+from attnlab.console.epoch_table import EPOCH_COLUMNS, VAL_KEYS, as_float, counted
+from attnlab.console.logs import is_terminal, quiet
 
 
 class EpochLines(Callback):
@@ -21,7 +23,7 @@ class EpochLines(Callback):
         epoch 2/10  train_loss 4.1234  val_loss 3.9876  val_bleu 12.34  tokens/s 51234  (41.2 s)
 
     The numbers are the epoch's values as logged to MLflow (formats in
-    :data:`attnlab.console.EPOCH_COLUMNS`; val_* only for an epoch that ran validation).
+    :data:`attnlab.console.epoch_table.EPOCH_COLUMNS`; val_* only for an epoch that ran validation).
     An epoch's line is printed once its ``tokens_per_sec`` exists, i.e. at the next epoch's
     start or at the end of training; the seconds are wall time from the epoch's start to its end,
     validation included. A first line gives the parameter count, steps per epoch, device.
@@ -46,7 +48,7 @@ class EpochLines(Callback):
         if trainer.world_size > 1:
             device = f"{trainer.world_size} x {device}"
         steps = trainer.num_training_batches
-        steps = _count(steps, "step") if math.isfinite(steps) else "? steps"
+        steps = counted(steps, "step") if math.isfinite(steps) else "? steps"
         epochs = "" if trainer.max_epochs in (None, -1) else f", max_epochs {trainer.max_epochs}"
         resumed = f", resuming in epoch {trainer.current_epoch + 1}" if trainer.global_step else ""
         print(f"{self.name}: {params} on {device}, {steps} per epoch{epochs}{resumed}", flush=True)
@@ -59,7 +61,7 @@ class EpochLines(Callback):
         if trainer.sanity_checking:
             return
         metrics = trainer.callback_metrics
-        self._val = {k: _scalar(metrics[k]) for k in _VAL_KEYS if k in metrics}
+        self._val = {k: as_float(metrics[k]) for k in VAL_KEYS if k in metrics}
 
     def on_train_epoch_end(self, trainer, pl_module) -> None:
         # Runs before LightningModule.on_train_epoch_end logs tokens_per_sec: print later.
@@ -73,8 +75,8 @@ class EpochLines(Callback):
             return
         epoch, seconds = self._ended
         logged = trainer.logged_metrics
-        values = {k: _scalar(logged[k]) for k, _, _ in EPOCH_COLUMNS
-                  if k in logged and k not in _VAL_KEYS}
+        values = {k: as_float(logged[k]) for k, _, _ in EPOCH_COLUMNS
+                  if k in logged and k not in VAL_KEYS}
         values.update(self._val)
         self._ended, self._val = None, {}
         if not trainer.is_global_zero:
@@ -111,3 +113,29 @@ class NoBar(ProgressBar):
 
     def enable(self) -> None:
         pass
+
+
+def train_callbacks(cfg) -> list:
+    """The callbacks for ``train.py``'s Trainer that make the console output described in
+    :mod:`attnlab.console`.
+
+    On a terminal with ``trainer.enable_progress_bar`` true: Lightning's bar (Rich where
+    installed; it shows ``loss`` and ``tokens/s``). Otherwise ``EpochLines``, plus a bar that
+    draws nothing where Lightning would add its own. Under ``dvc repro``
+    (:func:`attnlab.console.logs.quiet`) also ``ModelSummary(max_depth=0)``: no model summary
+    table. The classes are those of this module.
+
+    Args:
+        cfg: the composed config (``trainer.enable_progress_bar``, ``model.name``).
+    """
+    out = []
+    bar = bool(cfg.trainer.get("enable_progress_bar", True))
+    if bar and is_terminal():
+        out.append(RichBar() if _RICH_AVAILABLE else TqdmBar())
+    else:
+        out.append(EpochLines(cfg.model.name))
+        if bar:
+            out.append(NoBar())
+    if quiet():
+        out.append(ModelSummary(max_depth=0))
+    return out

@@ -48,6 +48,9 @@ class Bahdanau(nn.Module):
         num_hiddens: GRU hidden size h (also the attention MLP size, as in D2L).
         num_layers: GRU layers in encoder and decoder.
         dropout: dropout between GRU layers and on embeddings.
+            The defaults of embed_size, num_hiddens, num_layers and dropout are
+            conf/model/bahdanau.yaml's (``model.net``), the one place they are set;
+            tests/test_config.py checks they agree.
         pad_id: padding token id.
         src_vocab_size: size of a separate source vocabulary (D2L's setting,
             ``data=fra_eng_d2l``); ``None`` means the joint vocabulary of size V.
@@ -56,7 +59,7 @@ class Bahdanau(nn.Module):
     kind = "bahdanau"
 
     def __init__(self, vocab_size: int, embed_size: int = 256, num_hiddens: int = 256,
-                 num_layers: int = 1, dropout: float = 0.1, pad_id: int = 0,
+                 num_layers: int = 1, dropout: float = 0.0, pad_id: int = 0,
                  src_vocab_size: int | None = None):
         super().__init__()
         self.encoder = Seq2SeqEncoder(src_vocab_size or vocab_size, embed_size, num_hiddens, num_layers, dropout, pad_id)

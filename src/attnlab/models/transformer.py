@@ -73,6 +73,8 @@ class Transformer(nn.Module):
             ``src_vocab_size`` is given).
         d_model, num_heads, num_layers, ffn_hidden, dropout: as in Vaswani et al.
             (D2L: num_hiddens, num_heads, num_blks, ffn_num_hiddens, dropout).
+            The defaults of these and ``tie_embeddings`` are conf/model/transformer.yaml's
+            (``model.net``), the one place they are set; tests/test_config.py checks they agree.
         pad_id: id of the padding token (its embedding row stays zero).
         tie_embeddings: share source/target embeddings and the output projection.
         max_len: longest sequence the positional encoding supports.
@@ -85,7 +87,7 @@ class Transformer(nn.Module):
     kind = "transformer"
 
     def __init__(self, vocab_size: int, d_model: int = 256, num_heads: int = 4,
-                 num_layers: int = 3, ffn_hidden: int = 1024, dropout: float = 0.1,
+                 num_layers: int = 2, ffn_hidden: int = 512, dropout: float = 0.1,
                  pad_id: int = 0, tie_embeddings: bool = True, max_len: int = 512,
                  src_vocab_size: int | None = None):
         super().__init__()

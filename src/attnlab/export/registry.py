@@ -1,0 +1,134 @@
+"""MLflow serving: an export folder as a registered pyfunc model.
+
+:func:`log_served_model` logs an export folder as an MLflow pyfunc model and
+registers it (the export stage calls it for every translation model); the newest
+version has the alias ``champion``, and the model's ``requirements.txt`` pins
+everything its code imports (:func:`attnlab.export.requirements.served_requirements`),
+so it loads in a fresh environment built from that file alone.
+:func:`registered_model_name`, :func:`served_model_uri` and :func:`serve_command`
+name the registered model, its URI and the command that serves it.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+
+from attnlab.export.requirements import SERVING_CODE, served_requirements
+from attnlab.export.translator import Translator
+
+EXPORT_ARTIFACT = "export"  # key of the export folder in the pyfunc's context.artifacts
+SERVING_EXAMPLE = ["A man rides a bike."]
+CHAMPION = "champion"  # registry alias of the newest version of each registered model
+
+
+class ServingExportError(RuntimeError):
+    """Logging or registering the served model in MLflow failed."""
+
+
+def registered_model_name(model: str) -> str:
+    """Name of the MLflow registered model of architecture ``model``: ``attnlab-<model>``."""
+    return f"attnlab-{model}"
+
+
+def served_model_uri(name: str, version: int | str | None = None) -> str:
+    """``models:/<name>@champion`` (the newest version), or ``models:/<name>/<version>``."""
+    return f"models:/{name}@{CHAMPION}" if version is None else f"models:/{name}/{version}"
+
+
+def serve_command(name: str, tracking_uri: str, version: int | str | None = None) -> str:
+    """The shell command that serves registered model ``name``: its ``champion`` alias
+    (the newest version), or ``version`` when given.
+
+    No ``--env-manager``: MLflow's default (``virtualenv``) builds the model's own
+    environment from its ``requirements.txt``
+    (:func:`attnlab.export.requirements.served_requirements`), so the
+    command works on any machine that reaches the store (it needs pyenv; from the
+    project's virtualenv ``--env-manager local`` skips the build).
+    """
+    return (f"MLFLOW_TRACKING_URI={tracking_uri} mlflow models serve "
+            f"-m {served_model_uri(name, version)}")
+
+
+def log_served_model(export_dir: Path, model: str, run_id: str, tracking_uri: str) -> tuple[str, int]:
+    """Log a translation export folder to MLflow run ``run_id`` as a pyfunc model and register it.
+
+    The pyfunc is a "model from code" (:mod:`attnlab.serving`, not a pickle) with
+    the export folder as its artifact and the attnlab package as its code path, so a
+    registered version keeps the decoding code it was logged with. Signature:
+    list of str → list of str (from the type hints). Its metadata and the
+    version's description state the input limit. The logged model is loaded
+    back and run on :data:`SERVING_EXAMPLE` before it is registered, so only a
+    model that translates gets a version. Every call adds a new version and moves
+    the alias ``champion`` (:data:`CHAMPION`) to it, so ``models:/<name>@champion``
+    is the newest. Its ``requirements.txt`` is
+    :func:`attnlab.export.requirements.served_requirements`: exact
+    pins of everything the logged code imports, so the model loads in a fresh
+    environment built from that file alone (``--env-manager virtualenv``, Docker).
+    Sets this process's MLflow tracking URI to ``tracking_uri``.
+
+    Args:
+        export_dir: folder written by :func:`attnlab.export.trace.export_translation`.
+        model: architecture name (``transformer``, ``bahdanau``); the registered
+            model is :func:`registered_model_name` of it.
+        run_id: the training run to attach the model to (``runs/<model>.json``).
+        tracking_uri: the store holding that run; its registry gets the version.
+    Returns:
+        (registered model name, version number).
+    Raises:
+        FileNotFoundError, ValueError: ``export_dir`` is not a translation export.
+        ServedRequirementsError: the served code imports a module that cannot be pinned
+            (nothing is logged then).
+        ServingExportError: logging, loading back, registering or setting the alias failed
+            (names run, store, fix).
+    """
+    import mlflow
+
+    export_dir = Path(export_dir).resolve()
+    translator = Translator(export_dir)
+    requirements = served_requirements()
+    name = registered_model_name(model)
+    limits = {key: getattr(translator, key) for key in (
+        "max_input_chars", "max_input_tokens", "max_request_sentences", "max_request_chars",
+        "max_request_tokens")}
+    metadata = {"model": model, **limits, "beam_size": translator.beam_size,
+                "alpha": translator.alpha, "too_long_input": "HTTP 400 (INVALID_PARAMETER_VALUE)",
+                "too_large_request": "HTTP 400 (INVALID_PARAMETER_VALUE), nothing decoded",
+                "empty_request": "HTTP 400 (INVALID_PARAMETER_VALUE)",
+                "empty_input": "translates to an empty string"}
+    step = "logging"
+    try:
+        mlflow.set_tracking_uri(tracking_uri)
+        status = mlflow.MlflowClient(tracking_uri).get_run(run_id).info.status
+        mlflow.start_run(run_id=run_id)
+        try:
+            info = mlflow.pyfunc.log_model(
+                name="translator", python_model=str(SERVING_CODE),
+                artifacts={EXPORT_ARTIFACT: str(export_dir)}, code_paths=[str(SERVING_CODE.parent)],
+                input_example=SERVING_EXAMPLE, pip_requirements=requirements,
+                metadata=metadata, tags={"model": model})
+        finally:  # the training run keeps its status (a failed export is not a failed training)
+            mlflow.end_run(status if status in ("FINISHED", "FAILED", "KILLED") else "FINISHED")
+        step = "loading back"
+        answer = mlflow.pyfunc.load_model(info.model_uri).predict(SERVING_EXAMPLE)
+        if not (isinstance(answer, list) and len(answer) == 1 and isinstance(answer[0], str)):
+            raise ValueError(f"the logged model answered {answer!r} to {SERVING_EXAMPLE!r}, "
+                             "expected a list of one string")
+        step = "registering"
+        version = int(mlflow.register_model(info.model_uri, name).version)
+        client = mlflow.MlflowClient(tracking_uri)
+        client.update_model_version(name, version, description=(
+            f"{model} translation model of run {run_id}. Input: a list of sentences, each at most "
+            f"{translator.max_input_chars} characters (longer: HTTP 400, INVALID_PARAMETER_VALUE); "
+            f"per request 1 to {translator.max_request_sentences} sentences, at most "
+            f"{translator.max_request_chars} characters and {translator.max_request_tokens} "
+            "tokens together (else HTTP 400; split the request); "
+            f"an empty sentence translates to \"\". Beam size {translator.beam_size}, "
+            f"alpha {translator.alpha}. Serve: {serve_command(name, tracking_uri, version)}"))
+        step = f"setting the alias {CHAMPION} of"
+        client.set_registered_model_alias(name, CHAMPION, version)
+    except Exception as e:  # noqa: BLE001 - any failure means "not served"; the cause is chained
+        raise ServingExportError(
+            f"{step} the served model {name} (export {export_dir}) in MLflow run {run_id} at "
+            f"{tracking_uri} failed: {type(e).__name__}: {e}. The export folder itself is written; "
+            "check that the store is reachable and holds the run (runs/<model>.json), then "
+            f"re-run `python src/export.py model={model}` (or `dvc repro export@{model}`)") from e
+    return name, version

@@ -1,0 +1,118 @@
+"""DVC re-runs a stage exactly when something it uses changed (dvc.yaml's code deps).
+
+Each stage's ``src/`` deps must cover every attnlab module its script imports (read with
+``ast``, lazy imports too: :mod:`import_graph`), and nothing else, except the modules in
+:data:`NEUTRAL`, which cannot change what a stage writes and are therefore never deps: so
+editing a console summary re-runs no training (checked with a real ``dvc status``).
+"""
+import json
+import re
+import shutil
+import subprocess
+import sys
+from contextlib import contextmanager
+from pathlib import Path
+
+import pytest
+import yaml
+
+from import_graph import SRC, module_files, runs
+
+ROOT = SRC.parent
+DVC = [sys.executable, "-m", "dvc"]
+# module or package → why it cannot change a stage's outputs (it writes to the terminal or to
+# MLflow only)
+NEUTRAL = {
+    "attnlab.console": "log filters, the stage summaries and the MLflow queries they make: stdout/stderr",
+    "attnlab.lit.progress": "the progress bar's choice and one line per epoch on stdout",
+    "attnlab.lit.logger": "the MLflow logger: the MLflow store, not a DVC output",
+    "attnlab.sweep": "Hydra multirun parents: `dvc repro` runs no multirun",
+}
+# stage → deps under src/ that are read as files, not imported (the modules they import count too)
+NOT_IMPORTED = {"export": {"attnlab/serving.py"}, "export_nw": {"attnlab/serving.py"}}
+
+
+def _stages() -> dict[str, dict]:
+    """dvc.yaml's stages, a ``foreach`` stage by its template (``do``)."""
+    stages = yaml.safe_load((ROOT / "dvc.yaml").read_text())["stages"]
+    return {name: stage.get("do", stage) for name, stage in stages.items()}
+
+
+def _covered(deps: list[str]) -> set[Path]:
+    """The .py files under src/ that the deps name (a folder names every file in it)."""
+    out = set()
+    for dep in deps:
+        path = ROOT / dep
+        if dep.startswith("src/"):
+            assert path.exists(), f"dvc.yaml names {dep}, which does not exist"
+            out |= set(path.rglob("*.py")) if path.is_dir() else {path}
+    return out
+
+
+@pytest.mark.parametrize("name", list(_stages()))
+def test_code_deps_are_the_modules_the_stage_imports(name):
+    stage = _stages()[name]
+    script = re.match(r"python (src/\S+\.py)", stage["cmd"]).group(1)
+    stop = {m for m in module_files() if any(m == n or m.startswith(n + ".") for n in NEUTRAL)}
+    neutral = {module_files()[m] for m in stop}
+    read = {SRC / m for m in NOT_IMPORTED.get(name, ())}  # run by the stage, not imported
+    needed = set().union(*(runs(f, stop=stop) | {f} for f in {ROOT / script} | read))
+    covered = _covered(stage["deps"])
+    rel = lambda files: sorted(str(f.relative_to(SRC)) for f in files)  # noqa: E731
+    missing, neutral_deps = rel(needed - covered), rel(covered & neutral)
+    unused = rel(covered - needed)
+    assert not missing, f"{name}: imports modules that are not deps: {missing}"
+    assert not neutral_deps, f"{name}: depends on {neutral_deps}, which cannot change its outputs"
+    assert not unused, f"{name}: depends on modules it never imports: {unused}"
+
+
+def _changed_deps(project: Path) -> dict[str, set[str]]:
+    """``dvc status``: stage → the deps it reports changed (modified, deleted, new)."""
+    out = subprocess.run([*DVC, "status", "--json"], cwd=project, check=True, capture_output=True, text=True)
+    changed = {}
+    for stage, entries in json.loads(out.stdout).items():
+        for entry in entries:
+            if isinstance(entry, dict) and "changed deps" in entry:
+                changed[stage] = set(entry["changed deps"])
+    return changed
+
+
+@pytest.fixture(scope="module")
+def project(tmp_path_factory):
+    """A copy of the pipeline's definition and code (no data, no outputs) as a DVC project."""
+    project = tmp_path_factory.mktemp("deps") / "attnlab"
+    ignore = shutil.ignore_patterns("__pycache__", "*.egg-info")
+    for folder in ("src", "conf"):
+        shutil.copytree(ROOT / folder, project / folder, ignore=ignore)
+    for file in ("dvc.yaml", "dvc.lock", "params.yaml"):
+        shutil.copy(ROOT / file, project / file)
+    subprocess.run([*DVC, "init", "--no-scm", "-q"], cwd=project, check=True)
+    return project
+
+
+@contextmanager
+def _edited(path: Path, old: str, new: str):
+    """``path`` with its first ``old`` replaced by ``new`` for the block, then restored."""
+    text = path.read_text()
+    assert old in text, f"{old!r} not in {path}"
+    path.write_text(text.replace(old, new, 1))
+    try:
+        yield
+    finally:
+        path.write_text(text)
+
+
+def test_editing_a_console_summary_retrains_nothing(project):
+    before = _changed_deps(project)
+    with _edited(project / "src/attnlab/console/summaries.py", "def train_summary(",
+                 "def train_summary(  # reworded\n    "):
+        after = _changed_deps(project)
+    assert after == before, {s: after.get(s, set()) ^ before.get(s, set()) for s in after.keys() | before.keys()}
+
+    # The control: the attention library changes what every model writes, and nothing else.
+    with _edited(project / "src/attnlab/attention.py", "def masked_softmax(",
+                 "def masked_softmax(  # edited\n    "):
+        after = _changed_deps(project)
+    rerun = {s for s, deps in after.items() if "src/attnlab/attention.py" in deps}
+    assert rerun == {f"{stage}@{model}" for stage in ("train", "evaluate", "export")
+                     for model in ("bahdanau", "transformer")} | {"train_nw", "evaluate_nw", "export_nw"}

@@ -1,0 +1,49 @@
+"""The package's module layout: no import cycles, no private names across modules.
+
+The import graph is read from the source with :mod:`ast` (nothing is imported): every
+``import``/``from ... import`` statement counts, at module level or inside a function,
+class or ``if``, because a lazy import still ties the two modules together (the cycle
+only hides until that function runs). ``from attnlab.x import y`` is an edge to
+``attnlab.x.y`` when ``y`` is a submodule, else to ``attnlab.x``. Importing a module does
+not add edges to its parent packages (Python runs those first, so they cannot close a
+cycle through a child).
+"""
+import networkx as nx
+
+from import_graph import PACKAGE, SRC, cycles, import_graph
+
+
+def test_the_package_has_no_import_cycles():
+    graph, _ = import_graph()
+    assert len(graph) > 20 and f"{PACKAGE}.console" in graph, f"no package read at {SRC / PACKAGE}"
+    found = cycles(graph)
+    assert not found, "import cycles (function-level imports included): " + "; ".join(
+        repr(c) for c in found)
+
+
+def test_no_module_imports_a_private_name_from_another():
+    _, names = import_graph()
+    private = [f"{importer}:{line} imports {name} from {source}"
+               for importer, line, source, name in names if name.startswith("_")]
+    assert not private, "private names imported across modules: " + "; ".join(private)
+
+
+def test_the_graph_sees_lazy_submodule_and_relative_imports(tmp_path):
+    """The checker itself, on a made-up package: a cycle closed by an import inside a
+    function, ``from pkg import sub`` read as an edge to the submodule, relative imports,
+    and a private name."""
+    pkg = tmp_path / "pkg"
+    (pkg / "sub").mkdir(parents=True)
+    (pkg / "__init__.py").write_text("")
+    (pkg / "a.py").write_text("from pkg.sub import b\nX = 1\n")
+    (pkg / "sub" / "__init__.py").write_text("")
+    (pkg / "sub" / "b.py").write_text("def f():\n    from ..c import _hidden\n    return _hidden\n")
+    (pkg / "c.py").write_text("_hidden = 2\n\n\ndef g():\n    if True:\n        from . import a\n")
+    (pkg / "d.py").write_text("import pkg.a\nfrom pkg.sub import *\n")
+    graph, names = import_graph(pkg, "pkg")
+    assert {m: set(graph[m]) for m in graph} == {
+        "pkg": set(), "pkg.a": {"pkg.sub.b"}, "pkg.sub": set(), "pkg.sub.b": {"pkg.c"},
+        "pkg.c": {"pkg.a"}, "pkg.d": {"pkg.a", "pkg.sub"}}
+    assert cycles(graph) == [["pkg.a", "pkg.sub.b", "pkg.c", "pkg.a"]]
+    assert names == [("pkg.sub.b", 2, "pkg.c", "_hidden")]
+    assert cycles(nx.DiGraph({"x": ["x"], "y": []})) == [["x", "x"]]
