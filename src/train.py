@@ -161,7 +161,7 @@ def main(cfg: DictConfig) -> None:
     for png in heatmaps(cfg, load_net(best_path, expected_kind=cfg.model.name), module, plots / "attention"):
         logger.log_artifact(str(png), "attention")
     write_run_record(Path(cfg.paths.runs) / f"{cfg.model.name}.json", logger.run_id,
-                     cfg.mlflow.tracking_uri, cfg.mlflow.experiment, best_path)
+                     cfg.mlflow.tracking_uri, cfg.mlflow.experiment, best_path, root=cfg.paths.root)
     (Path(cfg.paths.checkpoints) / f"{LAST}.ckpt").unlink(missing_ok=True)  # finished: nothing to resume
     print(summaries.train_summary(cfg, trainer, logger, best_path, averaged=averaged))
 

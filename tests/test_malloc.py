@@ -1,4 +1,4 @@
-"""The served model caps glibc's malloc arenas (:mod:`attnlab.export.malloc`).
+"""The served model caps glibc's malloc arenas (:mod:`attnlab.export.malloc`) when it loads.
 
 Counted with glibc's own ``malloc_info``: 8 threads that allocate at the same time get
 their own arenas unless the cap holds (the load behaviour it fixes is measured by
@@ -12,11 +12,18 @@ import sys
 import pytest
 
 from attnlab.export.malloc import cap_malloc_arenas
+from serve_harness import tiny_export
 
 COUNT_ARENAS = r"""
 import ctypes, ctypes.util, sys, tempfile, threading
 from attnlab.export.malloc import cap_malloc_arenas
-print(cap_malloc_arenas(int(sys.argv[1])) if sys.argv[1] != "none" else None)
+if sys.argv[1].startswith("served:"):  # what the scoring server does: load the served model
+    from types import SimpleNamespace
+    from attnlab.serving import TranslationModel
+    TranslationModel().load_context(SimpleNamespace(artifacts={"export": sys.argv[1][7:]}))
+    print("served")
+else:
+    print(cap_malloc_arenas(int(sys.argv[1])) if sys.argv[1] != "none" else None)
 barrier, keep = threading.Barrier(8), []
 def work():
     barrier.wait()  # all 8 alive and allocating at once
@@ -37,7 +44,8 @@ glibc = pytest.mark.skipif(platform.libc_ver()[0] != "glibc", reason="malloc are
 
 
 def _arenas(cap: str, **env: str) -> tuple[str, int]:
-    clean = {k: v for k, v in os.environ.items() if k != "MALLOC_ARENA_MAX"}
+    clean = {k: v for k, v in os.environ.items()
+             if k not in ("MALLOC_ARENA_MAX", "GLIBC_TUNABLES", "ATTNLAB_MALLOC_ARENAS")}
     out = subprocess.run([sys.executable, "-c", COUNT_ARENAS, cap], env={**clean, **env},
                          capture_output=True, text=True, check=True, timeout=60).stdout.split()
     return out[0], int(out[1])
@@ -54,8 +62,20 @@ def test_the_cap_keeps_concurrent_threads_in_two_arenas():
 @glibc
 def test_the_users_malloc_arena_max_wins():
     assert _arenas("2", MALLOC_ARENA_MAX="4") == ("False", 4)
+    assert _arenas("2", GLIBC_TUNABLES="glibc.malloc.arena_max=3") == ("False", 3)
 
 
-def test_a_cap_below_one_is_refused():
-    with pytest.raises(ValueError, match="arenas=0: give at least 1"):
-        cap_malloc_arenas(0)
+@glibc
+def test_loading_the_served_model_caps_the_arenas(tmp_path):
+    export = tiny_export(tmp_path, {"beam_size": 1}, 80)
+    assert _arenas(f"served:{export}") == ("served", 2)
+    assert _arenas(f"served:{export}", ATTNLAB_MALLOC_ARENAS="0")[1] >= 9  # the opt-out
+
+
+def test_a_bad_cap_is_refused(monkeypatch):
+    with pytest.raises(ValueError, match="arenas=-1: give 1 or more malloc arenas, or 0"):
+        cap_malloc_arenas(-1)
+    monkeypatch.setenv("ATTNLAB_MALLOC_ARENAS", "two")
+    with pytest.raises(ValueError, match="ATTNLAB_MALLOC_ARENAS='two': give a number"):
+        cap_malloc_arenas()
+    assert cap_malloc_arenas(0) is False

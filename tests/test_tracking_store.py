@@ -1,8 +1,10 @@
 """A moved or copied project keeps its MLflow store usable (:mod:`attnlab.tracking`).
 
-MLflow stores absolute artifact locations; after ``mv`` of the project, its runs, logged
-models and registered model versions must point into the moved ``mlruns/``, and the run
-record (``runs/<model>.json``) must name the moved store.
+MLflow stores absolute artifact locations; after ``mv`` (or ``cp -r``) of the project, its
+runs, logged models and registered model versions must point into the project's own
+``mlruns/``, the run record (``runs/<model>.json``) must name the project's own store, and
+nothing else may be touched: a shared store, another project's folders, a location the
+user changed.
 """
 import json
 import multiprocessing
@@ -11,41 +13,57 @@ from concurrent.futures import ProcessPoolExecutor
 
 from mlflow.tracking import MlflowClient
 
-from attnlab.tracking import read_run_record, rebase_moved_store, write_run_record
+from attnlab.tracking import prepare_store, read_run_record, rebase_moved_store, write_run_record
 
 
-def _store(root):
-    """A store like train's: experiment ``attnlab`` at ``root/mlruns``, one run with an artifact,
-    a registered version of it, and an unrelated experiment elsewhere."""
+def _store(root, artifacts=None):
+    """A store like train's at ``root/mlflow.db``: experiment ``attnlab`` at ``artifacts``
+    (default ``root/mlruns``), one run with an artifact, a logged model, a registered version,
+    and two experiments elsewhere (one at a folder named ``mlruns`` that exists on its own)."""
     uri = f"sqlite:///{root}/mlflow.db"
     client = MlflowClient(uri)
-    experiment = client.create_experiment("attnlab", artifact_location=f"{root}/mlruns")
-    other = client.create_experiment("elsewhere", artifact_location=f"{root.parent}/elsewhere/artifacts")
+    experiment = client.create_experiment("attnlab", artifact_location=artifacts or f"{root}/mlruns")
+    foreign = root.parent / "foreign/mlruns"
+    foreign.mkdir(parents=True, exist_ok=True)
+    others = [client.create_experiment(name, artifact_location=str(location)) for name, location in
+              (("elsewhere", f"{root.parent}/elsewhere/artifacts"), ("foreign", foreign))]
     run = client.create_run(experiment)
     client.log_text(run.info.run_id, "weights", "model/weights.txt")
+    logged = client.create_logged_model(experiment, name="translator", source_run_id=run.info.run_id)
     client.create_registered_model("attnlab-transformer")
     client.create_model_version("attnlab-transformer", f"{run.info.artifact_uri}/model", run.info.run_id)
-    return run.info.run_id, other
+    return run.info.run_id, logged.model_id, others
+
+
+def _in_another_process(root, artifacts=None):
+    """:func:`_store` as a stage before the move would make it (MLflow caches each run's folder)."""
+    with ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn")) as pool:
+        return pool.submit(_store, root, artifacts).result()
+
+
+def _locations(uri):
+    client = MlflowClient(uri)
+    return sorted(e.artifact_location for e in client.search_experiments())
 
 
 def test_a_moved_store_is_rebased_onto_its_new_folder(tmp_path):
     old = tmp_path / "project"
     old.mkdir()
-    # Another process, as a stage before the move (MLflow caches each run's artifact folder).
-    with ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn")) as pool:
-        run_id, other = pool.submit(_store, old).result()
     (tmp_path / "download").mkdir()
+    run_id, model_id, (elsewhere, foreign) = _in_another_process(old)
     new = shutil.move(old, tmp_path / "moved")
     uri = f"sqlite:///{new}/mlflow.db"
 
     assert rebase_moved_store(uri, f"{new}/mlruns") == {f"{old}/mlruns": f"{new}/mlruns"}
     client = MlflowClient(uri)
     assert client.get_experiment_by_name("attnlab").artifact_location == f"{new}/mlruns"
-    assert client.get_experiment(other).artifact_location == f"{tmp_path}/elsewhere/artifacts"  # untouched
+    assert client.get_experiment(elsewhere).artifact_location == f"{tmp_path}/elsewhere/artifacts"
+    assert client.get_experiment(foreign).artifact_location == f"{tmp_path}/foreign/mlruns"  # exists: not ours
     run = client.get_run(run_id)
     assert run.info.artifact_uri == f"{new}/mlruns/{run_id}/artifacts"
     downloaded = client.download_artifacts(run_id, "model/weights.txt", str(tmp_path / "download"))
     assert open(downloaded).read() == "weights"
+    assert client.get_logged_model(model_id).artifact_location.startswith(f"{new}/mlruns/")
     version = client.get_model_version("attnlab-transformer", "1")
     assert version.source == f"{new}/mlruns/{run_id}/artifacts/model"
     assert client.get_model_version_download_uri("attnlab-transformer", "1") == version.source
@@ -55,25 +73,70 @@ def test_a_moved_store_is_rebased_onto_its_new_folder(tmp_path):
     assert rebase_moved_store(uri, f"{new}/mlruns") == {}  # nothing moved since
 
 
-def test_other_stores_are_left_alone(tmp_path):
+def test_a_copied_project_points_at_its_copy_and_the_original_is_untouched(tmp_path):
+    original = tmp_path / "project"
+    original.mkdir()
+    _in_another_process(original)
+    copy = shutil.copytree(original, tmp_path / "copy")
+    before = _locations(f"sqlite:///{original}/mlflow.db")
+
+    assert rebase_moved_store(f"sqlite:///{copy}/mlflow.db", f"{copy}/mlruns") == \
+        {f"{original}/mlruns": f"{copy}/mlruns"}
+    assert rebase_moved_store(f"sqlite:///{original}/mlflow.db", f"{original}/mlruns") == {}
+    assert _locations(f"sqlite:///{original}/mlflow.db") == before
+
+
+def test_other_stores_and_locations_are_left_alone(tmp_path):
     assert rebase_moved_store("http://127.0.0.1:5000", f"{tmp_path}/mlruns") == {}
     assert rebase_moved_store(f"sqlite:///{tmp_path}/absent.db", f"{tmp_path}/mlruns") == {}
     assert not (tmp_path / "absent.db").exists()
+    # A store shared by projects (MLFLOW_TRACKING_URI): project B must not take A's runs.
+    shared = tmp_path / "shared"
+    shared.mkdir()
+    _in_another_process(shared, artifacts=f"{tmp_path}/a/mlruns")
+    before = _locations(f"sqlite:///{shared}/mlflow.db")
+    assert rebase_moved_store(f"sqlite:///{shared}/mlflow.db", f"{tmp_path}/b/mlruns") == {}
+    # mlflow.artifact_location changed on the command line: existing runs stay where they are.
+    project = tmp_path / "project"
+    project.mkdir()
+    _in_another_process(project)
+    assert rebase_moved_store(f"sqlite:///{project}/mlflow.db", f"{tmp_path}/big/mlruns") == {}
+    assert _locations(f"sqlite:///{shared}/mlflow.db") == before
+
+
+def test_only_rank_zero_rebases(tmp_path, monkeypatch):
+    old = tmp_path / "project"
+    old.mkdir()
+    _in_another_process(old)
+    new = shutil.move(old, tmp_path / "moved")
+    uri, before = f"sqlite:///{new}/mlflow.db", _locations(f"sqlite:///{new}/mlflow.db")
+    monkeypatch.setenv("LOCAL_RANK", "1")
+    prepare_store(uri, f"{new}/mlruns")
+    assert _locations(uri) == before
+    monkeypatch.setenv("LOCAL_RANK", "0")
+    prepare_store(uri, f"{new}/mlruns")
+    assert f"{new}/mlruns" in _locations(uri) and f"{old}/mlruns" not in _locations(uri)
 
 
 def test_the_run_record_names_the_project_store_relative_to_itself(tmp_path):
-    ckpt = tmp_path / "project/checkpoints/transformer/best.ckpt"
+    root = tmp_path / "project"
+    ckpt = root / "checkpoints/transformer/best.ckpt"
     ckpt.parent.mkdir(parents=True)
-    record = write_run_record(tmp_path / "project/runs/transformer.json", "abc",
-                              f"sqlite:///{tmp_path}/project/mlflow.db", "attnlab", ckpt)
+    own = f"sqlite:///{root}/mlflow.db"
+    record = write_run_record(root / "runs/transformer.json", "abc", own, "attnlab", ckpt, root=root)
     assert json.loads(record.read_text()) == {"run_id": "abc", "tracking_db": "../mlflow.db",
                                               "experiment": "attnlab",
                                               "checkpoint": "../checkpoints/transformer/best.ckpt"}
-    moved = shutil.move(tmp_path / "project", tmp_path / "moved")
-    got = read_run_record(moved / "runs/transformer.json", "transformer")
-    assert (got["tracking_uri"], got["checkpoint"]) == (f"sqlite:///{moved}/mlflow.db",
-                                                       f"{moved}/checkpoints/transformer/best.ckpt")
-    # A store outside the project, or a server, keeps its URI.
-    for uri in (f"sqlite:///{tmp_path}/elsewhere.db", "http://127.0.0.1:5000"):
-        write_run_record(moved / "runs/transformer.json", "abc", uri, "attnlab", ckpt)
-        assert read_run_record(moved / "runs/transformer.json", "transformer")["tracking_uri"] == uri
+    write_run_record(root / "d2l/runs/transformer.json", "abc", own, "attnlab", ckpt, root=root)  # D2L profile
+    moved = shutil.move(root, tmp_path / "moved")
+    for record in ("runs/transformer.json", "d2l/runs/transformer.json"):
+        got = read_run_record(moved / record, "transformer")
+        assert (got["tracking_uri"], got["checkpoint"]) == (f"sqlite:///{moved}/mlflow.db",
+                                                           f"{moved}/checkpoints/transformer/best.ckpt")
+    # A store outside the project, a server, or the main project's store seen from a DVC
+    # experiment's temporary copy (root = the copy) keep their URI.
+    exp_copy = moved / ".dvc/tmp/exps/tmpab12cd"
+    for uri, at in ((f"sqlite:///{tmp_path}/elsewhere.db", moved), ("http://127.0.0.1:5000", moved),
+                    (f"sqlite:///{moved}/mlflow.db", exp_copy)):
+        write_run_record(at / "runs/transformer.json", "abc", uri, "attnlab", ckpt, root=at)
+        assert read_run_record(at / "runs/transformer.json", "transformer")["tracking_uri"] == uri

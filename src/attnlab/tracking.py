@@ -67,13 +67,24 @@ def prepare_store(tracking_uri: str, artifact_location: str) -> None:
         TrackingServerError: see :func:`check_tracking_server`.
     """
     check_tracking_server(tracking_uri)
+    if _rank() != 0:  # DDP: rank 0 re-points the store, the others never log artifacts
+        return
     for old, new in rebase_moved_store(tracking_uri, artifact_location).items():
         log.warning("the project moved: MLflow artifact locations under %s now point at %s", old, new)
 
 
+def _rank() -> int:
+    """This process's global rank, from the variables DDP launchers set (as Lightning reads
+    them: RANK, LOCAL_RANK, SLURM_PROCID, JSM_NAMESPACE_RANK); 0 when none is set."""
+    for key in ("RANK", "LOCAL_RANK", "SLURM_PROCID", "JSM_NAMESPACE_RANK"):
+        if os.environ.get(key) is not None:
+            return int(os.environ[key])
+    return 0
+
+
 def _local_db(uri: str) -> Path | None:
     """The file of a ``sqlite:///<absolute path>`` store URI; None for every other store."""
-    if uri.startswith("sqlite:///") and uri[len("sqlite:///"):].startswith("/"):
+    if uri.startswith("sqlite:///") and Path(uri[len("sqlite:///"):]).is_absolute():
         return Path(uri[len("sqlite:///"):])
     return None
 
@@ -99,20 +110,24 @@ def read_run_record(path: Path, model: str) -> dict:
     return record
 
 
-def write_run_record(path: Path, run_id: str, tracking_uri: str, experiment: str, checkpoint: Path) -> Path:
+def write_run_record(path: Path, run_id: str, tracking_uri: str, experiment: str, checkpoint: Path,
+                     root: Path | None = None) -> Path:
     """Write ``runs/<model>.json`` atomically.
 
     The checkpoint is stored relative to the record's folder; so is the store when it is the
-    project's own SQLite file (``<root>/mlflow.db`` beside ``<root>/runs/``), under
-    ``tracking_db`` instead of ``tracking_uri``. Any other store keeps its URI.
+    project's own SQLite file (``<root>/mlflow.db``, the record under ``root``), under
+    ``tracking_db`` instead of ``tracking_uri``. Any other store keeps its URI: a server, a
+    file elsewhere, and the main project's store seen from a DVC experiment's temporary copy
+    (``root`` there is the copy, which the record leaves).
     """
     from attnlab.files import write_json_atomic
 
-    path = Path(path)
-    rel = os.path.relpath(Path(checkpoint).resolve(), path.parent.resolve())
+    path = Path(path).resolve()
+    rel = os.path.relpath(Path(checkpoint).resolve(), path.parent)
     db = _local_db(tracking_uri)
-    store = ({"tracking_db": os.path.relpath(db, path.parent.resolve())}
-             if db is not None and db.parent == path.parent.resolve().parent else {"tracking_uri": tracking_uri})
+    own = (db is not None and root is not None and db.resolve().parent == Path(root).resolve()
+           and path.is_relative_to(Path(root).resolve()))
+    store = {"tracking_db": os.path.relpath(db.resolve(), path.parent)} if own else {"tracking_uri": tracking_uri}
     return write_json_atomic(path, {"run_id": run_id, **store, "experiment": experiment, "checkpoint": rel})
 
 
@@ -135,9 +150,12 @@ def rebase_moved_store(tracking_uri: str, artifact_location: str) -> dict[str, s
     together but those paths still name the old folder, so a resumed run, evaluate or export
     would write its artifacts there (recreating it), and ``models:/…`` would load from there.
     MLflow has no API to change them (mlflow/mlflow#3144, #2577); this rewrites them in
-    MLflow's own tables (its SQLAlchemy models), in one transaction, for every experiment whose
-    location is ``<old root>/<name of artifact_location>`` (how attnlab creates them), ``<old
-    root>`` not the current one. Other experiments and every other store are left alone.
+    MLflow's own tables (its SQLAlchemy models), in one transaction. Only a project's own
+    store is touched (the SQLite file beside ``artifact_location``, as attnlab lays them out),
+    and in it only experiments at ``<old root>/<name of artifact_location>`` whose old folder is
+    gone (``mv``) or belongs to another store file (``cp -r``: the original's). A store shared
+    by several projects, an ``artifact_location`` changed on the command line, and an
+    experiment whose folder still exists on its own are left alone.
 
     Args:
         tracking_uri: the store; only the local ``sqlite:////…`` kind is touched.
@@ -147,7 +165,7 @@ def rebase_moved_store(tracking_uri: str, artifact_location: str) -> dict[str, s
         ``{old folder: new folder}`` for each folder rebased (empty: nothing had moved).
     """
     db, new = _local_db(tracking_uri), Path(artifact_location)
-    if db is None or not db.exists() or not new.is_absolute():
+    if db is None or not db.exists() or not new.is_absolute() or db.resolve().parent != new.resolve().parent:
         return {}
     from mlflow.store.model_registry.dbmodels.models import SqlModelVersion
     from mlflow.store.tracking.dbmodels.models import SqlExperiment, SqlLoggedModel, SqlRun
@@ -158,7 +176,10 @@ def rebase_moved_store(tracking_uri: str, artifact_location: str) -> dict[str, s
         moved = {}
         for experiment in session.query(SqlExperiment).all():
             folder = Path((experiment.artifact_location or "").removeprefix("file://"))
-            if folder.is_absolute() and folder.name == new.name and folder != new:
+            if not folder.is_absolute() or folder.name != new.name or folder == new:
+                continue
+            its_store = folder.parent / db.name
+            if not folder.exists() or (its_store.exists() and not its_store.samefile(db)):
                 moved[str(folder)] = str(new)
         for old, replacement in moved.items():
             for table, columns in ((SqlExperiment, ("artifact_location",)), (SqlRun, ("artifact_uri",)),

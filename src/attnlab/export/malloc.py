@@ -10,7 +10,7 @@ quarter of the run and still rising (1,267 → 1,402 MB by tenths; +9.6% on a bu
 +15.6% in a longer run), against -1.2% with this cap (1,230 → 1,213 MB), at the same
 speed (44.5 and 45.4 sentences/s). The same cap as ``MALLOC_ARENA_MAX=2`` in the
 server's environment, set by the served model itself so that any ``mlflow models serve``
-or MLflow-built container gets it.
+or MLflow-built container gets it (``ATTNLAB_MALLOC_ARENAS`` sets another cap, 0 none).
 """
 from __future__ import annotations
 
@@ -21,23 +21,40 @@ import platform
 
 M_ARENA_MAX = -8  # mallopt() parameter number in glibc's <malloc.h>
 SERVING_ARENAS = 2
+ENV = "ATTNLAB_MALLOC_ARENAS"  # the served model's cap; 0 leaves glibc's default
 
 
-def cap_malloc_arenas(arenas: int = SERVING_ARENAS) -> bool:
+def cap_malloc_arenas(arenas: int | None = None) -> bool:
     """Cap this process's glibc malloc arenas at ``arenas`` (``mallopt(M_ARENA_MAX, n)``).
 
-    Threads that allocate after the call share those arenas. Nothing is done when
-    ``MALLOC_ARENA_MAX`` is set in the environment (the user's own choice wins) or the C
-    library is not glibc (musl, macOS: no per-thread arenas to cap).
+    Threads that allocate after the call share those arenas; call it before the threads
+    start (the served model does when it loads, before the server's request threads run).
+    glibc fixes its limit once a process has more than 8 arenas: a later call still
+    succeeds but changes nothing. The cap holds for the whole process (the scoring server,
+    or an application that loads the model with ``mlflow.pyfunc.load_model``).
 
+    Args:
+        arenas: the cap; default ``$ATTNLAB_MALLOC_ARENAS``, else 2. 0 does nothing.
     Returns:
-        True when the cap was set; False when nothing was done or glibc refused it.
+        True when the cap was set. False when nothing was done: ``arenas`` is 0, the
+        environment already sets glibc's arena limit (``MALLOC_ARENA_MAX``, or
+        ``glibc.malloc.arena_max`` in ``GLIBC_TUNABLES``: the user's choice wins), or the C
+        library is not glibc (musl, macOS: no per-thread arenas to cap).
     Raises:
-        ValueError: ``arenas`` < 1.
+        ValueError: ``arenas`` (or ``$ATTNLAB_MALLOC_ARENAS``) is negative or not a number.
     """
-    if arenas < 1:
-        raise ValueError(f"arenas={arenas}: give at least 1 malloc arena")
-    if "MALLOC_ARENA_MAX" in os.environ or platform.libc_ver()[0] != "glibc":
+    if arenas is None:
+        value = os.environ.get(ENV, str(SERVING_ARENAS))
+        try:
+            arenas = int(value)
+        except ValueError:
+            raise ValueError(f"{ENV}={value!r}: give a number of malloc arenas (0 leaves glibc's "
+                             "default)") from None
+    if arenas < 0:
+        raise ValueError(f"arenas={arenas}: give 1 or more malloc arenas, or 0 to leave glibc's default")
+    if (arenas == 0 or "MALLOC_ARENA_MAX" in os.environ
+            or "glibc.malloc.arena_max" in os.environ.get("GLIBC_TUNABLES", "")
+            or platform.libc_ver()[0] != "glibc"):
         return False
     libc = ctypes.CDLL(ctypes.util.find_library("c"))
     return libc.mallopt(M_ARENA_MAX, arenas) == 1
