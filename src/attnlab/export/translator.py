@@ -19,7 +19,7 @@ from typing import Sequence
 
 import torch
 
-from attnlab.decoding import has_text, translate_text
+from attnlab.decoding import translate_text
 
 # Longest source sentence a served/translated export accepts, in characters (Unicode code
 # points). Multi30k's longest English sentence has about 220 (test_2017_flickr); beam search
@@ -84,6 +84,14 @@ class EmptyRequestError(InvalidRequestError):
     """A request to the served model holds no sentence."""
 
 
+def _first_over(lengths: list[int], limit: int, unit: str, rule: str) -> None:
+    """Raise :class:`InputTooLongError` for the first length over ``limit``:
+    "input <i> has <length> <unit> <limit> <rule>"."""
+    for i, n in enumerate(lengths):
+        if n > limit:
+            raise InputTooLongError(f"input {i} has {n} {unit} {limit} {rule}")
+
+
 class Translator:
     """An export folder as a text-in, text-out translator.
 
@@ -128,21 +136,15 @@ class Translator:
 
         Returns the sentences' token ids when the token limit needed them, else None.
         """
-        for i, text in enumerate(sentences):
-            if len(text) > self.max_input_chars:
-                raise InputTooLongError(
-                    f"input {i} has {len(text)} characters; this model translates at most "
-                    f"{self.max_input_chars} characters per sentence (max_input_chars). "
-                    "Split the text into sentences and send each as its own input.")
+        _first_over([len(text) for text in sentences], self.max_input_chars,
+                    "characters; this model translates at most", "characters per sentence "
+                    "(max_input_chars). Split the text into sentences and send each as its own input.")
         if self.max_input_tokens is None:
             return None
         ids = self.tokenizer.encode(list(sentences))
-        for i, seq in enumerate(ids):
-            if len(seq) > self.max_input_tokens:
-                raise InputTooLongError(
-                    f"input {i} has {len(seq)} sentencepiece tokens; this model encodes at most "
-                    f"{self.max_input_tokens} tokens per sentence (max_input_tokens). "
-                    "Split the text into shorter sentences.")
+        _first_over([len(seq) for seq in ids], self.max_input_tokens,
+                    "sentencepiece tokens; this model encodes at most", "tokens per sentence "
+                    "(max_input_tokens). Split the text into shorter sentences.")
         return ids
 
     def check_request(self, sentences: Sequence[str]) -> None:
@@ -225,13 +227,7 @@ class Translator:
         return self._decode(list(sentences))
 
     def _decode(self, sentences: list[str]) -> list[str]:
-        """Translate checked sentences; those without text (:func:`has_text`) give "" undecoded."""
-        todo = [i for i, s in enumerate(sentences) if has_text(s)]
-        out = [""] * len(sentences)
-        if todo:
-            done = translate_text(self.init_state, self.step, self.tokenizer,
-                                  [sentences[i] for i in todo], batch_size=self.batch_size,
-                                  beam_size=self.beam_size, alpha=self.alpha)
-            for i, text in zip(todo, done):
-                out[i] = text
-        return out
+        """Translate checked sentences; those without text give "" undecoded
+        (:func:`attnlab.decoding.translate` skips them)."""
+        return translate_text(self.init_state, self.step, self.tokenizer, sentences,
+                              batch_size=self.batch_size, beam_size=self.beam_size, alpha=self.alpha)
