@@ -12,7 +12,7 @@ import time
 
 import torch
 
-from attnlab.attention import MultiHeadAttention
+from attnlab.models.attention import MultiHeadAttention
 
 
 def bench(fn, steps: int, warmup: int = 5) -> float:

@@ -21,73 +21,20 @@ from pathlib import Path
 
 import hydra
 import pytorch_lightning as pl
-from pytorch_lightning.utilities import rank_zero_only
-from pytorch_lightning.utilities.exceptions import SIGTERMException
+from hydra.utils import get_class, instantiate
 from omegaconf import DictConfig, OmegaConf
+from pytorch_lightning.utilities import rank_zero_only
 
-from attnlab.console import logs, summaries
 from attnlab.checkpoint import load_net
+from attnlab.console import logs, summaries
 from attnlab.files import ensure_writable
-from attnlab.lit.averaging import WeightAveraging
-from attnlab.lit.logger import ResilientMLFlowLogger
-from attnlab.lit.progress import train_callbacks
-from attnlab.lit.resume import LAST, ResumableCheckpoint, ResumeState, config_fingerprint, find_resume_point
-from attnlab.lit.heatmaps import EpochHeatmaps
+from attnlab.lit.checkpoints import TrainingCheckpoints
 from attnlab.lit.history import EpochHistoryLogger
-from attnlab.lit.setup import build_task, heatmap_sources, heatmaps
-from attnlab.lit.translation import NonFiniteLossError
+from attnlab.lit.resume import ResumeState, config_fingerprint, find_resume_point
 from attnlab.sweep import sweep_job
 from attnlab.tracking import prepare_store, write_run_record
 
 log = logging.getLogger("train")
-
-
-def checkpoint_callbacks(cfg: DictConfig) -> tuple[ResumableCheckpoint | None, list[ResumableCheckpoint]]:
-    """The kept checkpoint (best by ``checkpoint.monitor``; ``None`` with no monitor or with
-    ``checkpoint.average_last`` > 0, where ``main`` saves the final or the averaged model)
-    and the resume checkpoints that overwrite ``last.ckpt`` after every validation and
-    every N steps. All are :class:`ResumableCheckpoint`: a moved or cloned project keeps its best
-    score and path.
-
-    Raises:
-        ValueError: ``checkpoint.filename`` is ``last``, the resume checkpoint's name;
-            ``checkpoint.average_last`` < 0.
-    """
-    d = cfg.paths.checkpoints
-    if cfg.checkpoint.filename == LAST:
-        raise ValueError(f"checkpoint.filename={LAST} is reserved for the resume checkpoint; "
-                         "choose another name, e.g. checkpoint.filename=final")
-    if cfg.checkpoint.average_last < 0:
-        raise ValueError(f"checkpoint.average_last={cfg.checkpoint.average_last}: give the number of "
-                         "last epochs to average (≥ 1), or 0 to keep the best checkpoint by monitor")
-    kept = None
-    if cfg.checkpoint.monitor and not cfg.checkpoint.average_last:
-        kept = ResumableCheckpoint(dirpath=d, filename=cfg.checkpoint.filename,
-                                   monitor=cfg.checkpoint.monitor, mode=cfg.checkpoint.mode,
-                                   save_top_k=1, enable_version_counter=False)
-    resume = [ResumableCheckpoint(dirpath=d, filename=LAST, every_n_epochs=1, enable_version_counter=False)]
-    if cfg.checkpoint.every_n_train_steps:
-        resume.append(ResumableCheckpoint(dirpath=d, filename=LAST, enable_version_counter=False,
-                                          every_n_train_steps=cfg.checkpoint.every_n_train_steps))
-    return kept, resume
-
-
-def run_name(cfg: DictConfig) -> str:
-    """The MLflow run name, e.g. ``transformer-multi30k-en-fr-seed0`` (``nw-synthetic-seed0``).
-
-    MLflow's generated names would repeat from run to run: ``seed`` fixes Python's RNG first.
-    """
-    pair = f"-{cfg.data.src_lang}-{cfg.data.tgt_lang}" if cfg.model.task == "translation" else ""
-    return f"{cfg.model.name}-{cfg.data.name}{pair}-seed{cfg.seed}"
-
-
-def run_tags(cfg: DictConfig) -> dict[str, str]:
-    """The MLflow run's tags: ``model``, ``data``, and for translation what it translates:
-    ``corpus``, ``src_lang``, ``tgt_lang`` (MLflow's search and compare views filter on them)."""
-    tags = {"model": cfg.model.name, "data": cfg.data.name}
-    if cfg.model.task == "translation":
-        tags |= {"corpus": cfg.data.name, "src_lang": cfg.data.src_lang, "tgt_lang": cfg.data.tgt_lang}
-    return tags
 
 
 @rank_zero_only
@@ -103,66 +50,43 @@ def main(cfg: DictConfig) -> None:
     sweep = sweep_job(cfg)  # multirun (-m): outputs in the job's dir, run nested in the sweep's
     ensure_writable(cfg.paths.checkpoints, cfg.paths.runs, cfg.paths.plots)
     prepare_store(cfg.mlflow.tracking_uri, cfg.mlflow.artifact_location)
+    checkpoints = TrainingCheckpoints(cfg.checkpoint, cfg.paths.checkpoints)
     pl.seed_everything(cfg.seed, workers=True)
-    module, loaders = build_task(cfg)
+    # The model's task (conf/model/<model>.yaml: task.module) builds its module and data.
+    module, loaders = get_class(cfg.model.task.module).from_config(cfg)
     fingerprint = config_fingerprint(cfg)
-    resume, why = find_resume_point(Path(cfg.paths.checkpoints), fingerprint)
+    resume, why = find_resume_point(checkpoints.folder, fingerprint)
     if why:
         log.info(why)
-    local_store = cfg.mlflow.tracking_uri.startswith("sqlite:")
-    logger = ResilientMLFlowLogger(
-        experiment_name=cfg.mlflow.experiment, tracking_uri=cfg.mlflow.tracking_uri,
-        tags={**run_tags(cfg), **sweep.tags}, run_id=resume.run_id if resume else None,
-        run_name=sweep.run_name(run_name(cfg)),
-        artifact_location=cfg.mlflow.artifact_location if local_store else None)
+    # MLflow run tags (its search and compare views filter on them) and name, e.g.
+    # transformer-multi30k-en-fr-seed0 or nw-synthetic-seed0 (fixed: MLflow's would vary).
+    task_tags = module.run_tags(cfg)
+    name = "-".join([cfg.model.name, *(task_tags.values() or [cfg.data.name]), f"seed{cfg.seed}"])
+    logger = instantiate(cfg.mlflow.logger, tags={"model": cfg.model.name, "data": cfg.data.name,
+                                                  **task_tags, **sweep.tags},
+                         run_id=resume.run_id if resume else None, run_name=sweep.run_name(name))
     plots = Path(cfg.paths.plots)
     if resume is None:
         clear_plots(plots)  # a persistent DVC output: a fresh run starts it anew
+    configured = [instantiate(node) for node in cfg.callbacks.values() if node is not None]
+    callbacks = [*checkpoints.callbacks(), ResumeState(fingerprint, logger),
+                 *(c for built in configured for c in (built if isinstance(built, list) else [built])),
+                 *module.epoch_callbacks(cfg, plots / "attention", logger)]
     history = EpochHistoryLogger(plots / "history.csv", resume=resume is not None)
-    kept, resume_checkpoints = checkpoint_callbacks(cfg)
-    averaging = WeightAveraging(cfg.checkpoint.average_last) if cfg.checkpoint.average_last else None
-    callbacks = [*([kept] if kept else []), *resume_checkpoints, ResumeState(fingerprint, logger),
-                 *([averaging] if averaging else []), *train_callbacks(cfg)]
-    if cfg.model.task == "translation":
-        callbacks.append(EpochHeatmaps(heatmap_sources(cfg), cfg.heatmaps.epoch_kinds,
-                                       plots / "attention", logger))
     trainer = pl.Trainer(**cfg.trainer, **cfg.device, logger=[logger, history], callbacks=callbacks)
     if trainer.is_global_zero and resume is None:
         logger.log_hyperparams(OmegaConf.to_container(cfg, resolve=True))
         logger.log_text(OmegaConf.to_yaml(cfg, resolve=True), "config.yaml")
-    try:
-        trainer.fit(module, *loaders, ckpt_path=resume.path if resume else None)
-    except SIGTERMException:  # Lightning stops at the next batch and exits with status 0: not done
-        raise SystemExit(f"{cfg.model.name}: stopped by SIGTERM at step {trainer.global_step}; run the "
-                         "same command (or `dvc repro`) again to resume from "
-                         f"{Path(cfg.paths.checkpoints) / f'{LAST}.ckpt'}") from None
-    except NonFiniteLossError as e:
-        last = Path(cfg.paths.checkpoints) / f"{LAST}.ckpt"
-        kept_note = (f"the last good checkpoint is {last} (the weights of the step before; resuming "
-                     "them unchanged meets the same loss)") if last.exists() else "no checkpoint was written yet"
-        raise NonFiniteLossError(f"{e}; training stopped, {kept_note}") from None
-    best_path, averaged = (kept.best_model_path if kept else ""), []
-    if averaging and not averaging.snapshots:
-        log.warning("checkpoint.average_last=%d but no epoch ended (max_steps?): keeping the "
-                    "final weights", averaging.n)
-    elif averaging:  # the mean of the last epochs' weights (Vaswani et al. 6.1)
-        averaged = averaging.apply(module)
-        log.info("kept checkpoint: the mean of the weights after epochs %s", averaged)
-        if len(averaged) < averaging.n:
-            log.warning("checkpoint.average_last=%d but only %d epoch(s) ended: averaged those",
-                        averaging.n, len(averaged))
-    if not best_path:  # no monitor, averaged, or stopped before any validation: the final weights
-        best_path = str(Path(cfg.paths.checkpoints) / f"{cfg.checkpoint.filename}.ckpt")
-        trainer.save_checkpoint(best_path)
-    log.info("rank %d: checkpoint %s (exists: %s)", trainer.global_rank, best_path, Path(best_path).exists())
+    checkpoints.fit(trainer, module, loaders, resume, cfg.model.name)
+    best_path, averaged = checkpoints.finish(trainer, module)
     if not trainer.is_global_zero:
         return
     logger.log_artifact(best_path, "checkpoint")
-    for png in heatmaps(cfg, load_net(best_path, expected_kind=cfg.model.name), module, plots / "attention"):
+    for png in module.figures(load_net(best_path, expected_kind=cfg.model.name), plots / "attention"):
         logger.log_artifact(str(png), "attention")
     write_run_record(Path(cfg.paths.runs) / f"{cfg.model.name}.json", logger.run_id,
                      cfg.mlflow.tracking_uri, cfg.mlflow.experiment, best_path, root=cfg.paths.root)
-    (Path(cfg.paths.checkpoints) / f"{LAST}.ckpt").unlink(missing_ok=True)  # finished: nothing to resume
+    checkpoints.last.unlink(missing_ok=True)  # finished: nothing to resume
     print(summaries.train_summary(cfg, trainer, logger, best_path, averaged=averaged))
 
 

@@ -24,6 +24,15 @@ def mirror_dir() -> Path:
     return path.resolve()
 
 
+@pytest.fixture(scope="module")
+def mirror(tmp_path_factory) -> tuple[Path, dict[str, str]]:
+    """The tiny corpus of ``corpus_fixture`` written as a mirror folder: ``(folder, {relative path: sha256})``."""
+    from corpus_fixture import write_mirror
+
+    root = tmp_path_factory.mktemp("mirror")
+    return root, write_mirror(root)
+
+
 @pytest.fixture(scope="session")
 def fra_eng_zip() -> Path:
     """D2L's ``fra-eng.zip`` in the corpus mirror; skip if absent."""

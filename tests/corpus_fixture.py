@@ -11,6 +11,7 @@ import hashlib
 import io
 import itertools
 import random
+import re
 import zipfile
 from pathlib import Path
 
@@ -20,6 +21,8 @@ VERBS = [("sees", "voit", "sieht"), ("likes", "aime", "mag"), ("watches", "regar
 OBJECTS = [("a ball", "un ballon", "einen Ball"), ("the sea", "la mer", "das Meer"),
            ("a red car", "une voiture rouge", "ein rotes Auto"), ("the city", "la ville", "die Stadt")]
 SPLITS = {"train": 40, "val": 4, "test_2016_flickr": 4, "test_2017_flickr": 0}
+# The fix a corrupt raw corpus file's error names (a regex).
+REDOWNLOAD = re.escape("delete it and re-run `dvc repro download`")
 
 
 def sentences(seed: int = 0) -> list[tuple[str, str, str]]:
@@ -52,3 +55,8 @@ def write_mirror(root: Path) -> dict[str, str]:
     (root / "fra-eng.zip").write_bytes(buf.getvalue())
     digests["fra-eng.zip"] = hashlib.sha256(buf.getvalue()).hexdigest()
     return digests
+
+
+def flip(data: bytes, i: int) -> bytes:
+    """``data`` with byte ``i`` corrupted (XOR 0x55)."""
+    return data[:i] + bytes([data[i] ^ 0x55]) + data[i + 1:]

@@ -81,9 +81,18 @@ def runs(script: Path, stop: set[str] = frozenset()) -> set[Path]:
     """The package files that running ``script`` (e.g. src/train.py) may import, transitively,
     not following the imports of the modules in ``stop`` (nor counting those). Importing
     ``attnlab.a.b`` runs ``attnlab/__init__.py`` and ``attnlab/a/__init__.py`` too."""
+    return _reached([target for target, _, _ in imports_of(script.stem, script, set(module_files()))], stop)
+
+
+def runs_module(module: str, stop: set[str] = frozenset()) -> set[Path]:
+    """The package files that importing ``module`` (a dotted name, e.g. one a config names for
+    Hydra to load) runs: the module's own file and what :func:`runs` would follow from it."""
+    return _reached([module], stop)
+
+
+def _reached(todo: list[str], stop: set[str]) -> set[Path]:
     files = module_files()
     graph, _ = import_graph()
-    todo = [target for target, _, _ in imports_of(script.stem, script, set(files))]
     reached: set[str] = set()
     while todo:
         module = todo.pop()

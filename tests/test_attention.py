@@ -1,4 +1,4 @@
-"""attnlab.attention against hand-computed numbers (D2L 11.3, 11.5, 11.6).
+"""attnlab.models.attention against hand-computed numbers (D2L 11.3, 11.5, 11.6).
 
 The hard-attention tests at the end (Xu et al. 2015, "Show, Attend and
 Tell", sec. 4.1; D2L 11.1) compute the best-scoring valid key in plain
@@ -10,8 +10,10 @@ import math
 import pytest
 import torch
 
-from attnlab.attention import (AdditiveAttention, AddNorm, DotProductAttention, MultiHeadAttention,
-                               PositionalEncoding, PositionWiseFFN, masked_hardmax, masked_softmax)
+from attnlab.models.attention import (AdditiveAttention, DotProductAttention, MultiHeadAttention,
+                                      masked_hardmax, masked_softmax)
+from attnlab.models.positional_encoding import PositionalEncoding
+from attnlab.models.transformer import AddNorm, PositionWiseFFN
 
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")

@@ -1,4 +1,4 @@
-"""Properties every attention layer in attnlab.attention must have, checked on seeded inputs.
+"""Properties every attention layer in attnlab.models.attention must have, checked on seeded inputs.
 
 The reference here is the definition of masked attention (D2L 11.3.2,
 11.5; Vaswani et al. 2017, eq. 1 and 3.2.3) and our documented rule for a
@@ -16,7 +16,7 @@ kernels may sum in another order, so a float32 tolerance of 1e-6 is used.
 import pytest
 import torch
 
-from attnlab.attention import AdditiveAttention, DotProductAttention, MultiHeadAttention, masked_softmax
+from attnlab.models.attention import AdditiveAttention, DotProductAttention, MultiHeadAttention, masked_softmax
 
 D = 8  # feature size of queries, keys and values in this file
 TIGHT = {"atol": 1e-6, "rtol": 1e-6}

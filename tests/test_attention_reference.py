@@ -1,4 +1,4 @@
-"""attnlab.attention against independent references, on a seeded sweep of shapes and masks.
+"""attnlab.models.attention against independent references, on a seeded sweep of shapes and masks.
 
 References (none of them uses attnlab code):
 
@@ -29,7 +29,7 @@ from torch import nn
 from torch.func import functional_call
 from torch.nn import functional as F
 
-from attnlab.attention import AdditiveAttention, DotProductAttention, MultiHeadAttention, masked_softmax
+from attnlab.models.attention import AdditiveAttention, DotProductAttention, MultiHeadAttention, masked_softmax
 from attnlab.models.transformer import TransformerEncoderBlock
 
 SEEDS = list(range(9))  # seed % 3 picks the mask kind: none, (B,), (B, Q)

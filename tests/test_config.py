@@ -1,11 +1,14 @@
 """Hydra composition of the real conf/: groups, errors a user sees, resolved paths."""
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 from hydra import compose, initialize_config_dir
 from hydra.errors import ConfigCompositionException, MissingConfigException
 
-CONF = str(Path(__file__).resolve().parents[1] / "conf")
+ROOT = Path(__file__).resolve().parents[1]
+CONF = str(ROOT / "conf")
 
 
 def _compose(overrides, monkeypatch, root="/tmp/attnlab-root", uri=None):
@@ -39,6 +42,22 @@ def test_unknown_key_is_rejected(monkeypatch):
         _compose(["model.net.d_modle=3"], monkeypatch)
 
 
+def test_misspelled_trainer_key_is_a_composition_error_naming_it(monkeypatch, tmp_path):
+    with pytest.raises(ConfigCompositionException, match=r"Could not override 'trainer\.max_epoch'") as e:
+        _compose(["trainer.max_epoch=1"], monkeypatch, root=tmp_path)
+    assert "Key 'max_epoch' is not in struct" in str(e.value.__cause__)
+
+
+def test_train_script_with_misspelled_key_exits_nonzero_naming_it(tmp_path):
+    proc = subprocess.run([sys.executable, str(ROOT / "src" / "train.py"), "trainer.max_epoch=1",
+                           f"paths.root={tmp_path}"], cwd=tmp_path, capture_output=True, text=True,
+                          timeout=120)
+    assert proc.returncode == 1
+    assert "Could not override 'trainer.max_epoch'" in proc.stderr
+    assert "Key 'max_epoch' is not in struct" in proc.stderr
+    assert list(tmp_path.iterdir()) == []  # failed at composition: nothing ran, nothing written
+
+
 def test_nw_brings_its_own_data_and_optimizer(monkeypatch):
     cfg = _compose(["model=nw"], monkeypatch)
     assert cfg.data.name == "synthetic" and cfg.optimizer._target_ == "torch.optim.SGD"
@@ -53,10 +72,10 @@ def test_mlflow_store_is_absolute_sqlite_at_root(monkeypatch):
 
 
 def test_translation_model_on_synthetic_data_is_a_clear_error(monkeypatch):
-    from attnlab.lit.setup import build_task
+    from hydra.utils import get_class
     cfg = _compose(["model=transformer", "data=synthetic"], monkeypatch)
     with pytest.raises(ValueError, match="choose data=multi30k or data=fra_eng"):
-        build_task(cfg)
+        get_class(cfg.model.task.module).from_config(cfg)
 
 
 @pytest.mark.parametrize("model, lr, extra", [("bahdanau", 0.005, {"num_layers": 2, "embed_size": 256}),

@@ -28,7 +28,7 @@ from hydra import compose, initialize_config_dir
 from attnlab.console import logs, summaries
 from attnlab.console.runs import mlflow_links
 from attnlab.checkpoint import load_net
-from attnlab.lit.progress import RichBar, train_callbacks
+from attnlab.lit.progress import RichBar
 from attnlab.tracking import read_run_record
 from tiny_train import ROOT, TINY, history, make_project, mlflow_client, runs, train
 
@@ -173,10 +173,10 @@ def test_progress_bar_shows_each_steps_loss_and_the_epochs_running_tokens_per_se
     their time (none at the first step), as float32; the last values are drawn in the bar."""
     import pytorch_lightning as pl
 
-    from attnlab.lit.setup import build_task
+    from attnlab.lit.translation import TranslationModule
 
     root, _ = trained
-    module, (datamodule,) = build_task(_cfg(root))
+    module, (datamodule,) = TranslationModule.from_config(_cfg(root))
     seen = []
 
     class Record(pl.Callback):
@@ -205,9 +205,11 @@ def test_progress_bar_shows_each_steps_loss_and_the_epochs_running_tokens_per_se
     assert f"tokens/s: {seen[-1]['bar']['tokens/s']:.3f}" in drawn
 
 
-def test_train_callbacks_bar_on_a_terminal_epoch_lines_elsewhere(trained, monkeypatch):
+def test_console_callbacks_bar_on_a_terminal_epoch_lines_elsewhere(trained, monkeypatch):
+    """Built as train.py builds them, from conf/callbacks/default.yaml."""
+    from hydra.utils import instantiate
     root, _ = trained
-    names = lambda cfg: [type(c).__name__ for c in train_callbacks(cfg)]  # noqa: E731
+    names = lambda cfg: [type(c).__name__ for c in instantiate(cfg.callbacks.console)]  # noqa: E731
     monkeypatch.delenv("DVC_STAGE", raising=False)
     monkeypatch.delenv(logs.VERBOSE_ENV, raising=False)
     assert not sys.stdout.isatty()
@@ -234,14 +236,15 @@ def console_state(monkeypatch):
         # the test (or logs.setup) sets it directly: delenv of an absent variable records nothing
         monkeypatch.setenv(var, "")
         monkeypatch.delenv(var)
-    names = ("", "pytorch_lightning", "lightning_fabric", "train", "mlflow")
+    names = ("", "pytorch_lightning", "lightning_fabric", "train", "attnlab.lit.checkpoints", "mlflow")
     levels = {n: logging.getLogger(n).level for n in names}
     out = io.StringIO()
     handler = logging.StreamHandler(out)
     lightning_logger = logging.getLogger("pytorch_lightning")
     lightning_logger.addHandler(handler)
-    logging.getLogger("train").addHandler(handler)
-    logging.getLogger("train").setLevel(logging.INFO)
+    for name in ("train", "attnlab.lit.checkpoints"):
+        logging.getLogger(name).addHandler(handler)
+        logging.getLogger(name).setLevel(logging.INFO)
     lightning_logger.setLevel(logging.INFO)
     filters = {h: list(h.filters) for n in names for h in logging.getLogger(n).handlers}
     with warnings.catch_warnings():
@@ -249,7 +252,8 @@ def console_state(monkeypatch):
     for h, f in filters.items():
         h.filters[:] = f
     lightning_logger.removeHandler(handler)
-    logging.getLogger("train").removeHandler(handler)
+    for name in ("train", "attnlab.lit.checkpoints"):
+        logging.getLogger(name).removeHandler(handler)
     for n, level in levels.items():
         logging.getLogger(n).setLevel(level)
 
@@ -265,7 +269,7 @@ def _emit() -> list[str]:
         "Experiment with name attnlab not found. Creating it.")
     lightning_log.warning("a real Lightning warning")
     logging.getLogger("train").info("resuming from last.ckpt (epoch 1, step 11)")
-    logging.getLogger("train").info("rank %d: checkpoint %s (exists: %s)", 0, "best.ckpt", True)
+    logging.getLogger("attnlab.lit.checkpoints").info("rank %d: checkpoint %s (exists: %s)", 0, "best.ckpt", True)
     with warnings.catch_warnings(record=True) as caught:
         warnings.warn("The 'train_dataloader' does not have many workers which may be a bottleneck.",
                       PossibleUserWarning)

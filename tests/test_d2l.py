@@ -8,7 +8,6 @@ import json
 import os
 import subprocess
 import sys
-import zipfile
 from pathlib import Path
 
 import pytest
@@ -121,6 +120,23 @@ def test_build_matches_d2ls_printed_example(mt):
     assert torch.equal(src, a["src"]) and valid.tolist() == [3]
 
 
+def test_d2l_encode_sources_by_hand():
+    """D2L's preprocessing, word ids (<unk> for unknown words), <eos>, then trimmed or padded to
+    num_steps; valid lengths count the tokens before the padding."""
+    src_vocab = d2l.Vocab(tokens=[*d2l.SPECIALS, "!", ".", "go", "hi"])  # ids 4 5 6 7
+    tok = d2l.D2LTokenizer(src_vocab, d2l.Vocab(tokens=list(d2l.SPECIALS)), num_steps=5)
+    assert tok.fixed_length is True and tok.source_vocab_size() == 8 and tok.source_id_to_piece(7) == "hi"
+    src, valid = tok.encode_sources(["Hi.", "Go away!", "hi hi hi hi hi hi"])
+    assert src.dtype == valid.dtype == torch.int64
+    assert src.tolist() == [[7, 5, EOS_ID, PAD_ID, PAD_ID],  # "hi ." <eos>
+                            [6, UNK_ID, 4, EOS_ID, PAD_ID],  # "go away !" <eos>
+                            [7, 7, 7, 7, 7]]                 # trimmed: its <eos> cut off
+    assert valid.tolist() == [3, 4, 5]
+    for i, sentence in enumerate(["Hi.", "Go away!", "hi hi hi hi hi hi"]):  # alone as in the batch
+        one, n = tok.encode_sources([sentence])
+        assert torch.equal(one[0], src[i]) and n.tolist() == [int(valid[i])]
+
+
 def test_tokenizer_round_trip_and_datamodule(mt, tmp_path):
     train, val, tok, _ = mt
     tok.save(tmp_path / d2l.VOCAB_FILE)
@@ -132,7 +148,7 @@ def test_tokenizer_round_trip_and_datamodule(mt, tmp_path):
     assert loaded.decode(tok.tgt_vocab.ids(["je", "suis", "chez", "moi", ".", "<eos>"])) == "je suis chez moi ."
     assert loaded.decode([BOS_ID, UNK_ID, tok.tgt_vocab["."], EOS_ID, PAD_ID]) == "<unk> ."
     dm = TranslationDataModule(tmp_path, batch_size=128, seed=0)
-    assert (dm.vocab_size, dm.src_vocab_size) == (len(tok.tgt_vocab), len(tok.src_vocab))
+    assert dm.fixed_length and (dm.vocab_size, dm.src_vocab_size) == (len(tok.tgt_vocab), len(tok.src_vocab))
     batches = list(dm.train_dataloader())
     assert [b["src"].shape[0] for b in batches] == [128] * 4
     rows = torch.cat([b["src"] for b in batches])

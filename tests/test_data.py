@@ -1,7 +1,6 @@
 """Data stages: download (checksums, atomic writes), corpus readers, sentencepiece, batching."""
 import gzip
 import hashlib
-import os
 import zipfile
 from pathlib import Path
 
@@ -156,6 +155,97 @@ def test_empty_training_split_is_an_error(tmp_path):
 def test_missing_split_names_the_stage(tmp_path):
     with pytest.raises(FileNotFoundError, match="tokenize_data.py"):
         load_split(tmp_path / "train.npz")
+
+
+def test_sentencepiece_encode_sources_by_hand(sp):
+    """Each sentence's pieces, <eos>, then <pad> to the longest + 1; valid lengths count the <eos>."""
+    dog = [sp.piece_to_id(p) for p in ("▁A", "▁dog", ".")]
+    mer = [sp.piece_to_id(p) for p in ("▁Un", "▁chi", "en", "▁regarde", "▁la", "▁mer", ".")]
+    assert UNK_ID not in dog + mer and sp.encode(["A dog.", "Un chien regarde la mer."]) == [dog, mer]
+    src, valid = sp.encode_sources(["A dog.", "Un chien regarde la mer.", ""])
+    assert src.dtype == valid.dtype == torch.int64
+    assert src.tolist() == [dog + [EOS_ID] + [PAD_ID] * 4, mer + [EOS_ID], [EOS_ID] + [PAD_ID] * 7]
+    assert valid.tolist() == [4, 8, 1]
+
+
+def test_a_sentence_alone_is_encoded_as_in_any_batch(sp):
+    batch = ["A dog.", "Un chien regarde la mer.", "Two children sees a ball.", ""]
+    src, valid = sp.encode_sources(batch)
+    for i, sentence in enumerate(batch):
+        one, n = sp.encode_sources([sentence])
+        assert one.shape == (1, int(n[0])) and n.tolist() == [int(valid[i])]
+        assert torch.equal(src[i, :int(n[0])], one[0]) and bool((src[i, int(n[0]):] == PAD_ID).all())
+
+
+def test_sentencepiece_tokenizer_has_the_shared_interface_and_pickles(sp, tmp_path):
+    import pickle
+
+    from attnlab.data.datamodule import TranslationDataModule
+    from attnlab.data.tokenizer import SentencePieceTokenizer, load_sentencepiece, load_tokenizer
+    from attnlab.decoding import encode_sources
+
+    assert isinstance(sp, SentencePieceTokenizer) and sp.fixed_length is False
+    assert sp.source_vocab_size() is None and sp.source_id_to_piece(EOS_ID) == sp.id_to_piece(EOS_ID)
+    again = pickle.loads(pickle.dumps(sp))
+    assert type(again) is SentencePieceTokenizer and again.get_piece_size() == sp.get_piece_size()
+    text = ["A dog.", "Un chien regarde la mer."]
+    assert all(torch.equal(a, b) for a, b in zip(again.encode_sources(text), sp.encode_sources(text)))
+    assert all(torch.equal(a, b) for a, b in zip(encode_sources(sp, text), sp.encode_sources(text)))
+    pairs = [(e, f) for e, f, _ in sentences()[:8]]
+    (tmp_path / "spm.model").write_bytes(sp.serialized_model_proto())
+    for split in ("train", "val"):
+        encode_split(sp, pairs, tmp_path / f"{split}.npz")
+    loaded = load_tokenizer(tmp_path)
+    assert type(loaded) is SentencePieceTokenizer and loaded.encode(text) == sp.encode(text)
+    assert type(load_sentencepiece(tmp_path / "spm.model")) is SentencePieceTokenizer
+    dm = TranslationDataModule(tmp_path, batch_size=4)
+    assert (dm.fixed_length, dm.vocab_size, dm.src_vocab_size) == (False, sp.get_piece_size(), None)
+    assert len(dm.dataset("val")) == 8
+
+
+@pytest.mark.parametrize("corpus, function", [
+    ("multi30k", "attnlab.data.tokenizer.tokenize_sentencepiece"),
+    ("fra_eng", "attnlab.data.tokenizer.tokenize_sentencepiece"),
+    ("fra_eng_d2l", "attnlab.data.d2l.tokenize_d2l"),
+    ("synthetic", None)])
+def test_each_data_config_names_the_function_that_tokenizes_it(corpus, function):
+    from hydra import compose, initialize_config_dir
+    from hydra.utils import get_method
+
+    from attnlab.data import d2l, tokenizer
+
+    conf = Path(__file__).resolve().parents[1] / "conf"
+    with initialize_config_dir(config_dir=str(conf), version_base="1.3"):
+        cfg = compose(config_name="config", overrides=[f"data={corpus}"])
+    assert cfg.data.tokenize == function
+    if function is not None:
+        expected = {"tokenize_sentencepiece": tokenizer.tokenize_sentencepiece,
+                    "tokenize_d2l": d2l.tokenize_d2l}[function.rsplit(".", 1)[1]]
+        assert get_method(cfg.data.tokenize) is expected
+
+
+def test_tokenize_refuses_a_corpus_without_a_tokenizer_and_d2l_other_directions(tmp_path):
+    """data=synthetic (tokenize: null) and data=fra_eng_d2l in another direction fail before
+    anything is read or written, with the message of the stage."""
+    import importlib.util
+
+    from hydra import compose, initialize_config_dir
+
+    root = Path(__file__).resolve().parents[1]
+    spec = importlib.util.spec_from_file_location("tokenize_data_app", root / "src" / "tokenize_data.py")
+    app = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(app)
+    with initialize_config_dir(config_dir=str(root / "conf"), version_base="1.3"):
+        synthetic = compose(config_name="config", overrides=[f"paths.root={tmp_path}", "data=synthetic"])
+        d2l_de = compose(config_name="config", overrides=[f"paths.root={tmp_path}", "data=fra_eng_d2l",
+                                                          "data.tgt_lang=de"])
+    with pytest.raises(SystemExit, match=r"^data=synthetic needs no tokenizer; choose data=multi30k "
+                                         r"or data=fra_eng$"):
+        app.main(synthetic)
+    with pytest.raises(SystemExit, match=r"^tokenize failed: data=fra_eng_d2l is D2L's English→French "
+                                         r"setup; got en→de \(drop the data.src_lang/data.tgt_lang"):
+        app.main(d2l_de)
+    assert list(tmp_path.iterdir()) == []
 
 
 # --- batching -----------------------------------------------------------------

@@ -201,9 +201,11 @@ def test_translate_gives_each_sentence_the_same_ids_alone_and_in_any_batch(kind,
     translated alone, together in both orders and in batches of 1, 2 and 3."""
     from attnlab.decoding import translate
 
-    class Ids:  # a tokenizer whose "sentences" are space-separated ids
-        def encode(self, sentences):
-            return [[int(t) for t in s.split()] for s in sentences]
+    from attnlab.data.tokenizer import pad_sources
+
+    class Ids:  # a tokenizer whose "sentences" are space-separated ids, padded as sentencepiece's
+        def encode_sources(self, sentences):
+            return pad_sources([[int(t) for t in s.split()] for s in sentences])
 
     net = _nets()[kind]
     sentences = ["7 8 9", " ".join(["6"] * 40), "9 9 8 7 6 5 4 8 9 7 6 5"]

@@ -1,8 +1,10 @@
 """DVC re-runs a stage exactly when something it uses changed (dvc.yaml's code deps).
 
 Each stage's ``src/`` deps must cover every attnlab module its script imports (read with
-``ast``, lazy imports too: :mod:`import_graph`), and nothing else, except the modules in
-:data:`NEUTRAL`, which cannot change what a stage writes and are therefore never deps: so
+``ast``, lazy imports too: :mod:`import_graph`) or loads by the name its models' configs give
+(``task.module``/``task.evaluate``/``task.export`` of ``conf/model/<model>.yaml``, ``tokenize`` of
+``conf/data/*.yaml``), and nothing
+else, except the modules in :data:`NEUTRAL`, which cannot change what a stage writes and are therefore never deps: so
 editing a console summary re-runs no training (checked with a real ``dvc status``).
 """
 import json
@@ -16,7 +18,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from import_graph import SRC, module_files, runs
+from import_graph import SRC, module_files, runs, runs_module
 
 ROOT = SRC.parent
 DVC = [sys.executable, "-m", "dvc"]
@@ -31,6 +33,29 @@ NEUTRAL = {
 }
 # stage → deps under src/ that are read as files, not imported (the modules they import count too)
 NOT_IMPORTED = {"export": {"attnlab/serving.py"}, "export_nw": {"attnlab/serving.py"}}
+
+
+# stage (its template for a `foreach`) → the key of conf/model/<model>.yaml's `task` it loads
+TASK_KEY = {"train": "module", "evaluate": "evaluate", "export": "export"}
+
+
+def _named_by_config(name: str) -> set[str]:
+    """The attnlab modules the stage's configs name for it: for ``tokenize`` the ``tokenize`` of
+    every conf/data/*.yaml (``params.yaml``'s ``data`` may choose any), else ``task.<key>`` of each
+    model the stage runs (params.yaml's ``models`` for a ``foreach`` stage, ``nw`` for ``*_nw``)."""
+    if name == "tokenize":
+        named = [yaml.safe_load(f.read_text()).get("tokenize") for f in (ROOT / "conf" / "data").glob("*.yaml")]
+        return {target.rsplit(".", 1)[0] for target in named if target}
+    kind = name.removesuffix("_nw")
+    if kind not in TASK_KEY:
+        return set()
+    params = yaml.safe_load((ROOT / "params.yaml").read_text())
+    models = ["nw"] if name.endswith("_nw") else list(params["models"])
+    named = set()
+    for model in models:
+        target = yaml.safe_load((ROOT / "conf" / "model" / f"{model}.yaml").read_text())["task"][TASK_KEY[kind]]
+        named.add(target.rsplit(".", 1)[0])  # the module of the class or function
+    return named
 
 
 def _stages() -> dict[str, dict]:
@@ -57,7 +82,8 @@ def test_code_deps_are_the_modules_the_stage_imports(name):
     stop = {m for m in module_files() if any(m == n or m.startswith(n + ".") for n in NEUTRAL)}
     neutral = {module_files()[m] for m in stop}
     read = {SRC / m for m in NOT_IMPORTED.get(name, ())}  # run by the stage, not imported
-    needed = set().union(*(runs(f, stop=stop) | {f} for f in {ROOT / script} | read))
+    needed = set().union(*(runs(f, stop=stop) | {f} for f in {ROOT / script} | read),
+                         *(runs_module(m, stop=stop) for m in _named_by_config(name)))
     covered = _covered(stage["deps"])
     rel = lambda files: sorted(str(f.relative_to(SRC)) for f in files)  # noqa: E731
     missing, neutral_deps = rel(needed - covered), rel(covered & neutral)
@@ -124,9 +150,9 @@ def test_editing_a_console_summary_retrains_nothing(project):
         assert _changed_deps(project) == {}
 
     # The control: the attention library changes what every model writes, and nothing else.
-    with _edited(project / "src/attnlab/attention.py", "def masked_softmax(",
+    with _edited(project / "src/attnlab/models/attention.py", "def masked_softmax(",
                  "def masked_softmax(  # edited\n    "):
         after = _changed_deps(project)
     stages = [f"{stage}@{model}" for stage in ("train", "evaluate", "export")
               for model in ("bahdanau", "transformer")] + ["train_nw", "evaluate_nw", "export_nw"]
-    assert after == {stage: {"src/attnlab/attention.py"} for stage in stages}
+    assert after == {stage: {"src/attnlab/models"} for stage in stages}  # the book's folder, a dep

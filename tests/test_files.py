@@ -1,36 +1,19 @@
-"""attnlab.files: atomic writes, create-exclusive JSON (with and without hard links), staged folders."""
+"""attnlab.files: atomic writes and staged folders."""
 import errno
-import json
 import os
 import stat
-from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
 from attnlab import files
-from attnlab.files import staged_dir, write_json_atomic, write_json_exclusive
-
-
-def _no_hard_links(monkeypatch):
-    """os.link as on a file system without hard links (some FUSE, SMB, FAT mounts): EPERM."""
-    def refuse(src, dst, *args, **kwargs):
-        raise PermissionError(errno.EPERM, "Operation not permitted", str(src))
-    monkeypatch.setattr(files.os, "link", refuse)
-
-
-@pytest.fixture(params=["hard links", "no hard links"])
-def links(request, monkeypatch):
-    """Run a test on a file system with hard links, and on one without."""
-    if request.param == "no hard links":
-        _no_hard_links(monkeypatch)
-    return request.param
+from attnlab.files import staged_dir, write_json_atomic
 
 
 def _mode(path) -> int:
     return stat.S_IMODE(path.stat().st_mode)
 
 
-# --- write_json_atomic / write_json_exclusive ----------------------------------
+# --- write_json_atomic ---------------------------------------------------------
 
 def test_write_json_atomic_replaces_and_leaves_no_temp_file(tmp_path):
     path = tmp_path / "sub" / "r.json"
@@ -38,61 +21,6 @@ def test_write_json_atomic_replaces_and_leaves_no_temp_file(tmp_path):
     write_json_atomic(path, {"run_id": "x"})
     assert path.read_text() == '{\n  "run_id": "x"\n}\n'  # indented, key-sorted, one newline
     assert [p.name for p in path.parent.iterdir()] == ["r.json"]
-
-
-def test_exclusive_write_creates_once_and_keeps_the_first_content(tmp_path, links):
-    path = tmp_path / "sub" / "parent.json"
-    assert write_json_exclusive(path, {"run_id": "first"}) is True
-    assert write_json_exclusive(path, {"run_id": "second"}) is False
-    # The same bytes write_json_atomic writes, readable by all (0644) as those files are.
-    assert path.read_text() == '{\n  "run_id": "first"\n}\n'
-    assert _mode(path) == 0o644
-    assert [p.name for p in path.parent.iterdir()] == ["parent.json"]  # no temp file left
-
-
-def test_exclusive_write_has_exactly_one_winner_among_racing_writers(tmp_path, links):
-    path = tmp_path / "parent.json"
-    with ThreadPoolExecutor(8) as pool:
-        created = list(pool.map(lambda n: write_json_exclusive(path, {"n": n}), range(16)))
-    assert created.count(True) == 1
-    assert json.loads(path.read_text()) == {"n": created.index(True)}
-    assert [p.name for p in tmp_path.iterdir()] == ["parent.json"]
-
-
-def test_second_creator_reads_the_first_record(tmp_path, links):
-    from attnlab.sweep import _create_once
-
-    path = tmp_path / "mlflow-parent-x.json"
-    assert _create_once(path, {"run_id": "run1"}) == {"run_id": "run1"}
-    assert _create_once(path, {"run_id": "run2"}) == {"run_id": "run1"}
-    assert [p.name for p in tmp_path.iterdir()] == [path.name]
-
-
-def test_the_fallback_is_used_only_where_hard_links_fail(tmp_path, monkeypatch):
-    """EEXIST from os.link means "another process was first", not "no hard links"."""
-    path = tmp_path / "parent.json"
-    path.write_text("{}")
-    real_open, opened = os.open, []
-
-    def spy(file, *args, **kwargs):
-        opened.append(os.fspath(file))
-        return real_open(file, *args, **kwargs)
-    monkeypatch.setattr(files.os, "open", spy)
-    assert write_json_exclusive(path, {"run_id": "late"}) is False
-    assert str(path) not in opened and path.read_text() == "{}"
-    assert len(opened) == 1  # the temp file's (mkstemp), so the spy sees os.open calls
-
-
-def test_a_failed_fallback_write_leaves_no_file(tmp_path, monkeypatch):
-    _no_hard_links(monkeypatch)
-    path = tmp_path / "parent.json"
-
-    def full_disk(fd):
-        raise OSError(errno.ENOSPC, "No space left on device")
-    monkeypatch.setattr(files.os, "fsync", full_disk)
-    with pytest.raises(OSError, match="No space left"):
-        write_json_exclusive(path, {"run_id": "x"})
-    assert list(tmp_path.iterdir()) == []
 
 
 # --- staged_dir -----------------------------------------------------------------

@@ -47,3 +47,43 @@ def test_the_graph_sees_lazy_submodule_and_relative_imports(tmp_path):
     assert cycles(graph) == [["pkg.a", "pkg.sub.b", "pkg.c", "pkg.a"]]
     assert names == [("pkg.sub.b", 2, "pkg.c", "_hidden")]
     assert cycles(nx.DiGraph({"x": ["x"], "y": []})) == [["x", "x"]]
+
+
+def _top_level_imports(path) -> set[str]:
+    """The top-level names of every module ``path`` imports (``torch`` for ``torch.nn``)."""
+    import ast
+    found = set()
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+        if isinstance(node, ast.Import):
+            found |= {a.name.split(".")[0] for a in node.names}
+        elif isinstance(node, ast.ImportFrom) and not node.level:
+            found.add(node.module.split(".")[0])
+    return found
+
+
+def test_the_books_models_import_torch_and_nothing_of_the_lab():
+    """attnlab.models (attention, Nadaraya–Watson, Bahdanau, the Transformer) reads like the
+    book: torch, the standard library and itself, no framework and no other attnlab module."""
+    import sys
+    folder = SRC / PACKAGE / "models"
+    files = sorted(folder.glob("*.py"))
+    assert {f.name for f in files} >= {"attention.py", "nadaraya_watson.py", "bahdanau.py", "transformer.py"}
+    allowed = {"torch", "__future__", PACKAGE} | set(sys.stdlib_module_names)
+    outside = {f.name: sorted(_top_level_imports(f) - allowed) for f in files}
+    assert not any(outside.values()), f"the book's models import {outside}"
+    graph, _ = import_graph()
+    lab = {t for m in graph if m.startswith(f"{PACKAGE}.models") for t in graph[m]
+           if not t.startswith(f"{PACKAGE}.models")}
+    assert not lab, f"attnlab.models imports {sorted(lab)}"
+
+
+def test_no_stage_or_module_asks_which_task_or_tokenizer_it_holds():
+    """Dispatch lives in the config (conf/model/*.yaml ``task``, conf/data/*.yaml), not in code:
+    no comparison of a config's ``task`` or ``tokenizer`` to a string, and no ``hasattr`` probe."""
+    import re
+    pattern = re.compile(r"""(\.task|\btask\b|\.tokenizer)\s*[!=]=|get\(\s*["'](task|tokenizer)["'][^)]*\)\s*[!=]="""
+                         r"""|hasattr\(\s*(self\.)?tokenizer""")
+    files = [*sorted((SRC / PACKAGE).rglob("*.py")), *sorted(SRC.glob("*.py"))]
+    found = [f"{f.relative_to(SRC)}:{n}: {line.strip()}" for f in files
+             for n, line in enumerate(f.read_text(encoding="utf-8").splitlines(), 1) if pattern.search(line)]
+    assert not found, "string dispatch on the task or tokenizer: " + "; ".join(found)

@@ -5,12 +5,12 @@ import pytest
 import torch
 
 from attnlab.data.tokenizer import BOS_ID, EOS_ID, PAD_ID, train_sentencepiece
-from attnlab.decoding import greedy_decode, strip_special, translate
+from attnlab.decoding import greedy_decode, translate
 from attnlab.export.trace import export_translation
 from attnlab.export.translator import load_translator
 from attnlab.models.bahdanau import Bahdanau
-from attnlab.models.nadaraya_watson import (NadarayaWatson, leave_one_out, synthetic_regression,
-                                            true_function)
+from attnlab.data.synthetic import synthetic_regression, true_function
+from attnlab.models.nadaraya_watson import NadarayaWatson, leave_one_out
 from attnlab.models.transformer import Transformer
 from corpus_fixture import sentences
 
@@ -131,8 +131,8 @@ def tiny_spm(tmp_path_factory):
 
 @pytest.mark.parametrize("kind", ["transformer", "bahdanau"])
 def test_export_decodes_the_same_tokens(kind, tiny_spm, tmp_path):
-    import sentencepiece as spm
-    sp = spm.SentencePieceProcessor(model_file=str(tiny_spm))
+    from attnlab.data.tokenizer import load_sentencepiece
+    sp = load_sentencepiece(tiny_spm)
     V = sp.get_piece_size()
     torch.manual_seed(1)
     net = (Transformer(V, 16, 2, 2, 32, 0.0) if kind == "transformer"

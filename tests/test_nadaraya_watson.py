@@ -12,8 +12,8 @@ import pytest
 import torch
 from hydra import compose, initialize_config_dir
 
-from attnlab.models.nadaraya_watson import (KERNELS, NadarayaWatson, kernel, kernel_weights,
-                                            nw_evaluation, synthetic_regression)
+from attnlab.data.synthetic import synthetic_regression
+from attnlab.models.nadaraya_watson import KERNELS, NadarayaWatson, kernel, kernel_weights, nw_evaluation
 from attnlab.viz import nw_figures
 
 CONF = str(Path(__file__).resolve().parents[1] / "conf")
@@ -172,10 +172,10 @@ def test_bad_widths_and_shapes_are_errors():
         kernel_weights(torch.tensor([1.0]), torch.tensor([]))
 
 
-def test_build_task_rejects_an_unknown_kernel_before_training(monkeypatch):
-    from attnlab.lit.setup import build_task
+def test_the_module_rejects_an_unknown_kernel_before_training(monkeypatch):
+    from attnlab.lit.regression import RegressionModule
     with pytest.raises(ValueError, match="choose one of gaussian, boxcar, constant, epanechnikov"):
-        build_task(_cfg(monkeypatch, "model.kernels=[gaussian,triangle]"))
+        RegressionModule.from_config(_cfg(monkeypatch, "model.kernels=[gaussian,triangle]"))
 
 
 # --- evaluation numbers and figures ---------------------------------------------
@@ -207,11 +207,12 @@ def _png_size(path: Path) -> tuple[int, int]:
 
 
 def test_heatmaps_write_one_figure_per_configured_kernel(monkeypatch, tmp_path):
-    from attnlab.lit.setup import build_task, heatmaps
+    from attnlab.lit.regression import RegressionModule
     cfg = _cfg(monkeypatch)
     assert list(cfg.model.kernels) == list(KERNELS) and cfg.model.width == 1.0
-    module, _ = build_task(cfg)
-    paths = heatmaps(cfg, module.net, module, tmp_path)
+    assert cfg.model.task.module == "attnlab.lit.regression.RegressionModule"
+    module, _ = RegressionModule.from_config(cfg)
+    paths = module.figures(module.net, tmp_path)
     names = {"nw_fit.png", "nw_weights.png", "nw_gaussian_widths.png",
              *(f"nw_{k}.png" for k in KERNELS)}
     assert {p.name for p in paths} == names == {p.name for p in tmp_path.iterdir()}

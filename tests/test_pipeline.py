@@ -341,7 +341,7 @@ def test_evaluate_decodes_on_the_device_it_is_given(project):
 
 
 def test_nw_export_predicts_like_the_model(project):
-    from attnlab.models.nadaraya_watson import synthetic_regression
+    from attnlab.data.synthetic import synthetic_regression
 
     predictor = torch.jit.load(str(project / "models/nw/model.pt"))
     x = torch.tensor([0.5, 2.5])

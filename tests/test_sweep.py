@@ -8,20 +8,19 @@ ends FINISHED when every job succeeded, FAILED when one failed. A single run (no
 not nested and writes where it always did.
 """
 import json
+import re
 import subprocess
+import sys
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
-from hydra.core.utils import JobReturn, JobStatus
-from hydra.types import RunMode
+from mlflow.utils.mlflow_tags import MLFLOW_PARENT_RUN_ID as PARENT_TAG
 from omegaconf import OmegaConf
 
-from attnlab import sweep
-from attnlab.sweep import (PARENT_TAG, MLflowSweepCallback, SweepConfigError, _create_once, _parent_name,
-                           _refuse_subprocess_ddp, ensure_parent, read_parents, redirect_outputs,
-                           swept_overrides)
+from attnlab.sweep import (SweepConfigError, _parent_name, _refuse_subprocess_ddp, ensure_parent, find_parents,
+                           redirect_outputs, sweep_models, sweep_overrides, swept_overrides)
 from tiny_train import ROOT, copy_project, env, history, make_project, mlflow_client, runs, train_cmd
 
 # One epoch, one heatmap sentence, no per-epoch heatmaps: the jobs train in seconds.
@@ -93,8 +92,9 @@ def test_a_sweep_is_one_parent_run_with_one_child_run_per_job(good_sweep):
                                                    "transformer-multi30k-en-fr-seed0-job1 model.net.d_model=32"]
     assert [c.data.tags["model"] for c in children] == ["transformer"] * 2
     assert parent.data.tags["model"] == "transformer"  # not swept: the jobs' model
-    [record] = read_parents(sweep_dir)  # the id every job read from the sweep dir
-    assert record["run_id"] == parent.info.run_id
+    # what the jobs found: the parent by its tags, and the sweep's overrides in Hydra's multirun.yaml
+    assert [r.info.run_id for r in find_parents(mlflow_client(root), sweep_dir)] == [parent.info.run_id]
+    assert "model.net.d_model=16,32" in sweep_overrides(sweep_dir)
 
 
 def test_every_job_succeeded_so_every_run_is_finished(good_sweep):
@@ -177,10 +177,10 @@ def test_outputs_move_under_the_job_dir_keeping_their_layout(tmp_path):
 
 
 def test_swept_overrides_are_the_jobs_values_of_the_swept_keys():
-    info = {"swept": ["model.net.d_model", "trainer.deterministic"]}
+    sweep = ["seed=0", "model.net.d_model=16,32", "trainer.deterministic=True,False"]
     job = ["model=transformer", "model.net.d_model=16", "trainer.deterministic=False", "seed=0"]
-    assert swept_overrides(job, info) == ["model.net.d_model=16", "trainer.deterministic=False"]
-    assert swept_overrides(job, None) is None  # no sweep.json: unknown
+    assert swept_overrides(job, sweep) == ["model.net.d_model=16", "trainer.deterministic=False"]
+    assert swept_overrides(job, None) is None  # no multirun.yaml: unknown
 
 
 @pytest.mark.parametrize("sweep_dir, name", [
@@ -191,13 +191,20 @@ def test_the_parent_is_named_after_the_sweep_dir(sweep_dir, name):
     assert _parent_name(Path(sweep_dir)) == name
 
 
-def test_racing_jobs_all_read_the_first_record(tmp_path):
-    path = tmp_path / "mlflow-parent-x.json"
+def test_racing_jobs_all_get_the_same_parent(tmp_path):
+    """Jobs of a parallel launcher (or DDP ranks) asking at once: one creates, the others find it."""
+    cfg = OmegaConf.create({"mlflow": {"tracking_uri": f"sqlite:///{tmp_path}/mlflow.db", "experiment": "attnlab",
+                                       "artifact_location": f"{tmp_path}/mlruns"}, "model": {"name": "transformer"}})
+    client = mlflow_client(tmp_path)
+    client.search_experiments()  # the store's tables exist before the race
+    sweep_dir = tmp_path / "multirun/race"
+    sweep_dir.mkdir(parents=True)  # as Hydra's sweeper does before the jobs
     with ThreadPoolExecutor(8) as pool:
-        ids = list(pool.map(lambda n: _create_once(path, {"run_id": f"run{n}"})["run_id"], range(16)))
-    assert len(set(ids)) == 1
-    assert json.loads(path.read_text())["run_id"] == ids[0]
-    assert [p.name for p in tmp_path.iterdir()] == [path.name]  # no temp file left
+        ids = set(pool.map(lambda _: ensure_parent(cfg, sweep_dir), range(16)))
+    assert len(ids) == 1
+    [parent] = runs(client)
+    assert parent.info.run_id in ids and parent.info.run_name == "sweep-race"
+    assert parent.info.status == "RUNNING"
 
 
 @pytest.mark.parametrize("device, refused", [
@@ -217,52 +224,73 @@ def test_lightnings_ddp_launcher_is_refused_in_a_sweep(device, refused, monkeypa
         _refuse_subprocess_ddp(cfg)
 
 
-def test_callback_ends_the_parent_killed_failed_finished_and_reopens_it(tmp_path, monkeypatch):
-    """The callback's hooks on a hand-made sweep config (no training): an exit before the
-    sweep's end leaves KILLED; the same sweep dir again reopens the parent (RUNNING),
-    a failed job makes it FAILED, and on_multirun_end does not turn FAILED into FINISHED."""
-    exits = []
-    monkeypatch.setattr(sweep.atexit, "register", exits.append)
-    uri = f"sqlite:///{tmp_path}/mlflow.db"
-    cfg = OmegaConf.create({
-        "hydra": {"mode": RunMode.MULTIRUN, "runtime": {"cwd": str(tmp_path)},
-                  "sweep": {"dir": "multirun/s"}, "sweeper": {"params": {"seed": "0,1"}},
-                  "overrides": {"task": ["optimizer.lr=0.1,0.2"]}, "job": {"num": 1}},
-        "mlflow": {"tracking_uri": uri, "experiment": "attnlab", "artifact_location": f"{tmp_path}/mlruns"}})
-    sweep_dir = tmp_path / "multirun/s"
-    sweep_dir.mkdir(parents=True)
+# A Hydra app with the project's callback and the keys sweep_job reads; `action` says what its job
+# does after sweep_job: return, raise, or exit the sweeping process (as Ctrl-C does).
+TOY_APP = """
+import sys
+import hydra
+from mlflow import MlflowClient
+from attnlab.sweep import sweep_job
+
+@hydra.main(version_base="1.3", config_path="conf", config_name="config")
+def main(cfg):
+    parent = sweep_job(cfg).tags["mlflow.parentRunId"]
+    print("parent", MlflowClient(cfg.mlflow.tracking_uri).get_run(parent).info.status)
+    if cfg.action == "fail":
+        raise RuntimeError("boom")
+    if cfg.action == "exit":
+        sys.exit(3)
+
+main()
+"""
+TOY_CONFIG = """
+action: ok
+seed: 0
+model: {name: toy}
+paths: {root: "${hydra:runtime.cwd}", checkpoints: "${paths.root}/checkpoints", runs: "${paths.root}/runs",
+        plots: "${paths.root}/plots"}
+mlflow: {tracking_uri: "sqlite:///${paths.root}/mlflow.db", experiment: attnlab,
+         artifact_location: "${paths.root}/mlruns"}
+hydra:
+  job: {chdir: false}
+  sweep: {dir: multirun/toy, subdir: "${hydra.job.num}"}
+  sweeper: {params: {seed: "0"}}
+  callbacks: {mlflow_sweep: {_target_: attnlab.sweep.MLflowSweepCallback}}
+"""
+
+
+def test_a_sweep_run_again_reopens_its_parent_which_ends_killed_failed_or_finished(tmp_path):
+    """Three real multiruns into one sweep dir: the first exits mid-job (parent KILLED); the
+    second reopens it (RUNNING in its jobs), and its failed job leaves it FAILED; the third
+    reopens it, drops the old failure, and ends it FINISHED. One parent throughout."""
+    (tmp_path / "conf").mkdir()
+    (tmp_path / "conf/config.yaml").write_text(TOY_CONFIG)
+    (tmp_path / "app.py").write_text(TOY_APP)
     client = mlflow_client(tmp_path)
-    status = lambda: client.get_run(parent).info.status  # noqa: E731
 
-    first = MLflowSweepCallback()
-    first.on_multirun_start(cfg)
-    assert json.loads((sweep_dir / "sweep.json").read_text())["swept"] == ["optimizer.lr", "seed"]
-    parent = ensure_parent(cfg, sweep_dir)
-    assert ensure_parent(cfg, sweep_dir) == parent  # the record, not a second run
-    assert client.get_run(parent).data.tags["sweep.params"] == "seed=0,1"
-    exits.pop()()  # the sweeping process exits before on_multirun_end
-    assert status() == "KILLED"
+    def multirun(*overrides):
+        done = subprocess.run([sys.executable, "app.py", "-m", *overrides], cwd=tmp_path, capture_output=True,
+                              text=True, timeout=120, env=env())
+        [parent] = runs(client)
+        return done, parent
 
-    again = MLflowSweepCallback()
-    again.on_multirun_start(cfg)
-    assert status() == "RUNNING"
-    failed = JobReturn(status=JobStatus.FAILED, overrides=["optimizer.lr=0.2"])
-    failed.return_value = RuntimeError("boom")
-    job_cfg = OmegaConf.merge(cfg, {"hydra": {"overrides": {"task": ["optimizer.lr=0.2"]}}})
-    again.on_job_end(job_cfg, failed)
-    assert status() == "FAILED"
-    assert client.get_run(parent).data.tags["sweep.failed.1"] == "optimizer.lr=0.2: RuntimeError: boom"
-    again.on_multirun_end(cfg)
-    assert status() == "FAILED"
+    done, parent = multirun("action=exit")
+    assert done.returncode == 3, done.stderr[-3000:]
+    assert parent.info.status == "KILLED" and parent.info.run_name == "sweep-toy"
+    assert parent.data.tags["sweep.overrides"] == "seed=0 action=exit"  # hydra.sweeper.params first
+    assert parent.data.tags["sweep.dir"] == str(tmp_path / "multirun/toy")
 
-    last = MLflowSweepCallback()
-    last.on_multirun_start(cfg)  # reopened: the old failure tag goes
-    assert "sweep.failed.1" not in client.get_run(parent).data.tags
-    last.on_multirun_end(cfg)
-    assert status() == "FINISHED"
-    exits.pop()()  # on_multirun_end ran: nothing changes at exit
-    assert status() == "FINISHED"
-    assert [r.info.run_id for r in runs(client)] == [parent]
+    done, again = multirun("action=ok,fail")
+    assert done.returncode == 1 and "RuntimeError: boom" in done.stderr
+    assert re.findall(r"^parent (\w+)$", done.stdout, re.M) == ["RUNNING", "RUNNING"]  # reopened
+    assert again.info.run_id == parent.info.run_id and again.info.status == "FAILED"
+    assert again.data.tags["sweep.failed.1"] == "seed=0 action=fail: RuntimeError: boom"  # the job's overrides
+    assert "sweep.failed.0" not in again.data.tags
+
+    done, last = multirun("action=ok")
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert last.info.run_id == parent.info.run_id and last.info.status == "FINISHED"
+    assert not [k for k in last.data.tags if k.startswith("sweep.failed.")]
 
 
 @pytest.mark.parametrize("overrides, first_job, tag", [
@@ -271,6 +299,4 @@ def test_callback_ends_the_parent_killed_failed_finished_and_reopens_it(tmp_path
     (["optimizer.lr=1e-3,3e-4"], "transformer", "transformer"),
 ])
 def test_the_parent_is_tagged_with_the_swept_models(overrides, first_job, tag):
-    from attnlab.sweep import sweep_models
-
-    assert sweep_models({"overrides": overrides}, first_job) == tag
+    assert sweep_models(overrides, first_job) == tag

@@ -45,7 +45,7 @@ def test_non_finite_loss_stops_with_the_step_and_keeps_the_last_checkpoint(proje
                    "trainer.max_epochs=2")
     assert result.returncode == 1, result.stdout[-2000:] + result.stderr[-2000:]
     last = root / "checkpoints/transformer/last.ckpt"
-    m = re.search(r"^attnlab\.lit\.translation\.NonFiniteLossError: training loss is (nan|inf|-inf) "
+    m = re.search(r"^attnlab\.loss\.NonFiniteLossError: training loss is (nan|inf|-inf) "
                   r"at step (\d+) \(epoch (\d+), batch (\d+)\); no weight was updated with it\. "
                   r".*; training stopped, the last good checkpoint is (\S+) \(the weights of the step before", result.stderr, re.M)
     assert m, result.stderr[-3000:]

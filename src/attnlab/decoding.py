@@ -161,18 +161,12 @@ def has_text(sentence: str) -> bool:
 
 
 def encode_sources(tokenizer, sentences: Sequence[str]) -> tuple[torch.Tensor, torch.Tensor]:
-    """Sentences → (src (B, S) with <eos> and <pad>, src_valid_lens (B,)), int64.
-
-    S is the longest sentence + 1, unless the tokenizer has its own
-    ``encode_sources`` (D2L's fixed-length sources, :mod:`attnlab.data.d2l`).
+    """Sentences → (src (B, S) with <eos> and <pad>, src_valid_lens (B,)), int64: the
+    tokenizer's own ``encode_sources``. S is the longest sentence + 1 for sentencepiece
+    (:class:`attnlab.data.tokenizer.SentencePieceTokenizer`), D2L's ``num_steps`` for its
+    word vocabularies (:class:`attnlab.data.d2l.D2LTokenizer`).
     """
-    if hasattr(tokenizer, "encode_sources"):
-        return tokenizer.encode_sources(sentences)
-    seqs = [ids + [EOS_ID] for ids in tokenizer.encode(list(sentences))]
-    src = torch.full((len(seqs), max(len(s) for s in seqs)), PAD_ID, dtype=torch.long)
-    for i, s in enumerate(seqs):
-        src[i, : len(s)] = torch.tensor(s)
-    return src, torch.tensor([len(s) for s in seqs], dtype=torch.long)
+    return tokenizer.encode_sources(sentences)
 
 
 def translate(init_state: Callable, step: Callable, tokenizer, sentences: Sequence[str],

@@ -1,9 +1,7 @@
 """Atomic file writes: a temporary file beside the target, then a rename.
 
 A killed process leaves either the old file or the new one, never half of one.
-:func:`write_json_exclusive` creates a file only if it does not exist yet (one of
-several racing processes wins); :func:`staged_dir` does for a whole folder what
-the writers do for a file.
+:func:`staged_dir` does for a whole folder what the writers do for a file.
 """
 from __future__ import annotations
 
@@ -16,18 +14,18 @@ from pathlib import Path
 
 
 @contextmanager
-def _atomic_file(path: Path, binary: bool, place=os.replace):
-    """Open a temp file beside ``path``; on success chmod 644 and ``place(tmp, path)``
-    (by default ``os.replace``). The temp file is gone afterwards in every case."""
+def _atomic_file(path: Path, binary: bool):
+    """Open a temp file beside ``path``; on success chmod 644 and ``os.replace`` it onto ``path``.
+    The temp file is gone afterwards in every case."""
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     try:
         with os.fdopen(fd, "wb") if binary else os.fdopen(fd, "w", encoding="utf-8") as f:
             yield f
         os.chmod(tmp, 0o644)  # mkstemp makes 0600
-        place(tmp, path)
+        os.replace(tmp, path)
     finally:
-        Path(tmp).unlink(missing_ok=True)  # still there on error, or after a hard link
+        Path(tmp).unlink(missing_ok=True)  # still there on error
 
 
 def write_text_atomic(path: Path, text: str) -> Path:
@@ -43,73 +41,9 @@ def write_lines_atomic(path: Path, lines) -> Path:
     return write_text_atomic(path, "".join(line + "\n" for line in lines))
 
 
-def _json_text(obj) -> str:
-    return json.dumps(obj, indent=2, sort_keys=True) + "\n"
-
-
 def write_json_atomic(path: Path, obj) -> Path:
     """``obj`` as indented, key-sorted JSON."""
-    return write_text_atomic(path, _json_text(obj))
-
-
-def _create_from(tmp: str, path: Path) -> bool:
-    """Make ``path`` a copy of the finished file ``tmp`` unless ``path`` exists; whether
-    this call created it.
-
-    A hard link: ``os.link`` fails with ``FileExistsError`` when ``path`` exists, and
-    ``path`` appears with all its content at once. Where the file system has no hard
-    links (``os.link`` raises another ``OSError``, e.g. ``EPERM`` or ``ENOTSUP`` on some
-    FUSE, SMB or FAT mounts), ``os.open(O_CREAT | O_EXCL)`` + write + fsync instead.
-    That still lets exactly one caller create ``path``, but weaker: ``path`` exists,
-    empty or partly written, until the write ends, so a reader racing the creator
-    can see a short file, and a crash mid-write leaves one.
-    """
-    try:
-        os.link(tmp, path)
-        return True
-    except FileExistsError:
-        return False
-    except OSError:
-        pass  # no hard links here: the fallback below
-    data = Path(tmp).read_bytes()
-    try:
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
-    except FileExistsError:
-        return False
-    try:
-        with os.fdopen(fd, "wb") as f:
-            os.fchmod(f.fileno(), 0o644)  # as the hard-linked file; os.open's mode is masked by umask
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
-    except BaseException:
-        path.unlink(missing_ok=True)  # ours: no half-written file stays
-        raise
-    return True
-
-
-def write_json_exclusive(path: Path, obj) -> bool:
-    """Create ``path`` (parents created) holding ``obj`` as :func:`write_json_atomic`
-    writes it, unless ``path`` exists; ``path`` is then left as it is.
-
-    Safe for racing processes: exactly one of them creates the file, and on file systems
-    with hard links its content is complete before the file is visible (else see
-    :func:`_create_from` for the fallback's weaker guarantee).
-
-    Returns:
-        ``True`` if this call created ``path``, ``False`` if it existed.
-    Raises:
-        OSError: the folder cannot be written (no file is left behind).
-    """
-    created = False
-
-    def place(tmp: str, dest: Path) -> None:
-        nonlocal created
-        created = _create_from(tmp, dest)
-
-    with _atomic_file(Path(path), binary=False, place=place) as f:
-        f.write(_json_text(obj))
-    return created
+    return write_text_atomic(path, json.dumps(obj, indent=2, sort_keys=True) + "\n")
 
 
 def write_npz_atomic(path: Path, **arrays) -> Path:
@@ -187,3 +121,19 @@ def ensure_writable(*dirs: Path) -> None:
             raise OutputDirError(
                 e.errno, f"cannot write to output directory {d} ({e.strerror or e}): free disk "
                 "space or fix its permissions, or choose another place with paths.root=<dir>") from None
+
+
+def rebase(path: str | None, old_dir: str, new_dir: str) -> str | None:
+    """``path`` moved with the folder ``old_dir`` to ``new_dir``: ``old_dir`` itself or anything
+    under it, with that prefix replaced; ``None`` if ``path`` is not under ``old_dir`` (or is ``None``).
+
+    >>> rebase("/old/proj/checkpoints/best.ckpt", "/old/proj", "/new/proj")
+    '/new/proj/checkpoints/best.ckpt'
+    >>> rebase("/old/project2/x", "/old/proj", "/new/proj") is None
+    True
+    """
+    old = old_dir.rstrip("/")
+    if path is None or not (path == old or path.startswith(old + "/")):
+        return None
+    return new_dir.rstrip("/") + path[len(old):]
+

@@ -24,7 +24,11 @@ from __future__ import annotations
 import torch
 from torch.autograd.function import once_differentiable
 
-from attnlab.data.tokenizer import PAD_ID
+from attnlab.data.special_tokens import PAD_ID
+
+
+class NonFiniteLossError(FloatingPointError):
+    """The training loss became NaN or ±inf; raised before the bad step updates any weight."""
 
 
 class _LinearCrossEntropy(torch.autograd.Function):

@@ -13,7 +13,6 @@ import collections
 import math
 from typing import Sequence
 
-import sacrebleu
 import torch
 from sacrebleu.metrics import BLEU, CHRF
 from torchmetrics import Metric

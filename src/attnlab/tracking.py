@@ -15,6 +15,8 @@ import os
 from contextlib import contextmanager
 from pathlib import Path
 
+from attnlab.files import rebase, write_json_atomic
+
 log = logging.getLogger(__name__)
 
 
@@ -120,7 +122,6 @@ def write_run_record(path: Path, run_id: str, tracking_uri: str, experiment: str
     file elsewhere, and the main project's store seen from a DVC experiment's temporary copy
     (``root`` there is the copy, which the record leaves).
     """
-    from attnlab.files import write_json_atomic
 
     path = Path(path).resolve()
     rel = os.path.relpath(Path(checkpoint).resolve(), path.parent)
@@ -133,12 +134,7 @@ def write_run_record(path: Path, run_id: str, tracking_uri: str, experiment: str
 
 def _rebased(location: str | None, old: str, new: str) -> str | None:
     """``location`` with its prefix ``old`` (a folder, plain or ``file://``) replaced by ``new``."""
-    if location is None:
-        return None
-    for prefix, replacement in ((old, new), (f"file://{old}", f"file://{new}")):
-        if location == prefix or location.startswith(prefix + "/"):
-            return replacement + location[len(prefix):]
-    return None
+    return rebase(location, old, new) or rebase(location, f"file://{old}", f"file://{new}")
 
 
 def rebase_moved_store(tracking_uri: str, artifact_location: str) -> dict[str, str]:

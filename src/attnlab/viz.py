@@ -193,9 +193,9 @@ def nw_figures(x_train, y_train, x_test, y_test, predictions: dict[str, torch.Te
 
 
 def _pieces(tokenizer, ids, source: bool = False) -> list[str]:
-    """Token strings of ``ids``; source ids use the source vocabulary when the tokenizer has one."""
-    to_piece = getattr(tokenizer, "source_id_to_piece", None) if source else None
-    return [(to_piece or tokenizer.id_to_piece)(int(i)) for i in ids]
+    """Token strings of ``ids``; source ids in the source vocabulary (the joint one for sentencepiece)."""
+    to_piece = tokenizer.source_id_to_piece if source else tokenizer.id_to_piece
+    return [to_piece(int(i)) for i in ids]
 
 
 @torch.no_grad()

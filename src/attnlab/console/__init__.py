@@ -28,7 +28,7 @@ One job per module; import the one you need (this package re-exports nothing):
 * :mod:`attnlab.console.runs`: what the summaries read from MLflow (the kept epoch, links).
 * :mod:`attnlab.console.epoch_table`: the numbers of an epoch line, shared with
   :mod:`attnlab.lit.progress`.
-* The progress callbacks, and :func:`attnlab.lit.progress.train_callbacks` that picks among
+* The progress callbacks, and :func:`attnlab.lit.progress.console_callbacks` that picks among
   them, are in :mod:`attnlab.lit.progress`: they subclass Lightning's classes, and importing
   Lightning takes seconds, which the stages that never train (download, tokenize) are spared.
   Nothing here imports Lightning.

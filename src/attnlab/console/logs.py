@@ -35,7 +35,7 @@ NOISE_LINES = (
 # Shown outside `dvc repro` only: the overwrite is by design (checkpoints/ is a persistent out).
 QUIET_WARNINGS = (r"Checkpoint directory .* exists and is not empty",)
 # Console lines hidden under `dvc repro` (still in the Hydra log file): (logger, message template).
-QUIET_LINES = (("train", "rank %d: checkpoint %s (exists: %s)"),)
+QUIET_LINES = (("attnlab.lit.checkpoints", "rank %d: checkpoint %s (exists: %s)"),)
 # MLflow's own prints (not logging) around model registration.
 MLFLOW_PRINTS = (r"^Successfully registered model ", r"^Registered model .* already exists",
                  r"^Created version '")

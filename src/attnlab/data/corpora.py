@@ -21,6 +21,7 @@ import random
 import re
 import zipfile
 import zlib
+from dataclasses import dataclass, field
 from pathlib import Path
 
 _SPACES = re.compile(r"[\s\u202f\u00a0]+")
@@ -28,6 +29,35 @@ _SPACES = re.compile(r"[\s\u202f\u00a0]+")
 
 class CorpusError(ValueError):
     """A corpus file is missing, unreadable or misaligned."""
+
+
+class TokenizeError(ValueError):
+    """The tokenize stage cannot tokenize this corpus with these settings (a ``data.*`` value,
+    an empty training split, a vocabulary size the corpus cannot give); the message names
+    what to change. Raised before the output folder is replaced: nothing was written."""
+
+
+@dataclass(frozen=True)
+class TokenizeReport:
+    """What a tokenize function reports of the folder it wrote (``src/tokenize_data.py``
+    prints ``lines``, then the stage summary from the rest).
+
+    A tokenize function is the one ``conf/data/<corpus>.yaml`` names in ``tokenize``
+    (:func:`attnlab.data.tokenizer.tokenize_sentencepiece`,
+    :func:`attnlab.data.d2l.tokenize_d2l`): ``tokenize(cfg, out) -> TokenizeReport``,
+    raising :class:`CorpusError` or :class:`TokenizeError`.
+
+    Attributes:
+        corpus: e.g. ``multi30k en-fr, sentencepiece``.
+        splits: split name → its pair count as text, e.g. ``{"train": "40 of 46"}``.
+        vocabulary: e.g. ``5000 pieces``.
+        lines: progress lines, one per split (none for D2L's arrays).
+    """
+
+    corpus: str
+    splits: dict[str, str]
+    vocabulary: str
+    lines: list[str] = field(default_factory=list)
 
 
 _REDOWNLOAD = "delete it and re-run `dvc repro download` (or `python src/download.py`)"

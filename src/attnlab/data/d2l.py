@@ -21,6 +21,10 @@ special tokens land at data-dependent ids. attnlab fixes ``<pad> <unk> <bos>
 keeps D2L's alphabetical order for the other tokens. The token sets are D2L's;
 ids are a fixed permutation of D2L's (and the source vocabulary also holds
 ``<bos>``, which never occurs in a source).
+
+:func:`tokenize_d2l` is the tokenize stage of ``data=fra_eng_d2l`` (``conf/data/fra_eng_d2l.yaml``
+names it in ``tokenize``); :class:`D2LTokenizer` answers the tokenizer interface of
+:class:`attnlab.data.tokenizer.SentencePieceTokenizer`, with fixed-length sources.
 """
 from __future__ import annotations
 
@@ -32,9 +36,9 @@ from typing import Sequence
 import numpy as np
 import torch
 
-from attnlab.data.corpora import read_zip_text
+from attnlab.data.corpora import CorpusError, TokenizeError, TokenizeReport, read_zip_text
 from attnlab.data.special_tokens import BOS_ID, EOS_ID, PAD_ID, UNK_ID
-from attnlab.files import write_json_atomic, write_npz_atomic
+from attnlab.files import staged_dir, write_json_atomic, write_lines_atomic, write_npz_atomic
 
 SPECIALS = ("<pad>", "<unk>", "<bos>", "<eos>")  # ids PAD_ID, UNK_ID, BOS_ID, EOS_ID
 assert [PAD_ID, UNK_ID, BOS_ID, EOS_ID] == [0, 1, 2, 3]
@@ -171,16 +175,18 @@ def mt_fra_eng(raw_text: str, num_steps: int = 9, num_train: int = 512, num_val:
 
 
 class D2LTokenizer:
-    """Word-level source/target vocabularies with the tokenizer interface the pipeline uses.
+    """Word-level source/target vocabularies with the tokenizer interface the pipeline uses
+    (that of :class:`attnlab.data.tokenizer.SentencePieceTokenizer`).
 
-    ``encode_sources`` gives D2L's fixed-length source batch (used by
-    :func:`attnlab.decoding.encode_sources` when present); ``decode``,
-    ``id_to_piece`` and ``get_piece_size`` (target side) mirror
-    ``sentencepiece.SentencePieceProcessor``; ``source_id_to_piece`` and
-    ``source_vocab_size`` describe the source vocabulary.
+    ``fixed_length`` is True: every source and target has ``num_steps`` tokens, and the data
+    are D2L's arrays (:func:`save_arrays`); ``encode_sources`` gives D2L's fixed-length
+    source batch; ``source_id_to_piece`` and ``source_vocab_size`` describe the source
+    vocabulary; ``decode``, ``id_to_piece`` and ``get_piece_size`` (target side) mirror
+    ``sentencepiece.SentencePieceProcessor``.
     """
 
-    kind = "d2l_words"
+    kind = "d2l_words"  # the format tag of vocab.json
+    fixed_length = True
 
     def __init__(self, src_vocab: Vocab, tgt_vocab: Vocab, num_steps: int):
         self.src_vocab, self.tgt_vocab, self.num_steps = src_vocab, tgt_vocab, num_steps
@@ -249,3 +255,47 @@ def load_arrays(path: Path) -> dict[str, torch.Tensor]:
         raise FileNotFoundError(f"{path} not found; run `python src/tokenize_data.py data=fra_eng_d2l` first")
     with np.load(path) as z:
         return {k: torch.from_numpy(z[k].astype(np.int64)) for k in z.files}
+
+
+def tokenize_d2l(cfg, out: Path) -> TokenizeReport:
+    """The tokenize stage of ``data=fra_eng_d2l``: D2L's MTFraEng arrays and vocabularies, no filtering.
+
+    Into ``out``: ``vocab.json``, ``{train,val}.npz`` (:func:`save_arrays`),
+    ``val.{src,tgt}.txt`` (the val text in D2L's token space, ``<eos>`` dropped, for
+    val_bleu and heatmaps) and ``stats.json``. D2L trims or pads every sequence to
+    ``num_steps``, so no pair is dropped. ``out`` is replaced only once all is written.
+
+    Args:
+        cfg: the composed config: ``cfg.data`` (``conf/data/fra_eng_d2l.yaml``) and ``cfg.paths.raw``.
+        out: the output folder.
+    Returns:
+        the :class:`attnlab.data.corpora.TokenizeReport` of ``out``.
+    Raises:
+        CorpusError: ``fra-eng.zip`` is missing or corrupt.
+        TokenizeError: a direction other than en→fr, or too few examples for ``data.num_train``.
+    """
+    zip_path = Path(cfg.paths.raw) / "fra-eng.zip"
+    c = cfg.data
+    if (c.src_lang, c.tgt_lang) != ("en", "fr"):
+        raise TokenizeError(f"data=fra_eng_d2l is D2L's English→French setup; got "
+                            f"{c.src_lang}→{c.tgt_lang} (drop the data.src_lang/data.tgt_lang overrides)")
+    try:
+        train, val, tokenizer, (src, tgt) = mt_fra_eng(
+            read_fra_txt(zip_path), c.num_steps, c.num_train, c.num_val, c.min_freq)
+    except CorpusError:
+        raise
+    except ValueError as e:
+        raise TokenizeError(f"{zip_path}: {e}") from None
+    with staged_dir(out) as tmp:
+        tokenizer.save(tmp / VOCAB_FILE)
+        save_arrays(train, tmp / "train.npz")
+        save_arrays(val, tmp / "val.npz")
+        write_lines_atomic(tmp / "val.src.txt", [" ".join(s[:-1]) for s in src[c.num_train:]])
+        write_lines_atomic(tmp / "val.tgt.txt", [" ".join(t[:-1]) for t in tgt[c.num_train:]])
+        write_json_atomic(tmp / "stats.json", {
+            "rule": "none: D2L's MTFraEng trims or pads every sequence to num_steps",
+            "splits": {"train": len(train["src"]), "val": len(val["src"])}})
+    return TokenizeReport(
+        f"{c.name} {c.src_lang}-{c.tgt_lang}, D2L words",
+        {"train": str(len(train["src"])), "val": str(len(val["src"]))},
+        f"{tokenizer.source_vocab_size()} source words, {tokenizer.get_piece_size()} target words")

@@ -83,8 +83,9 @@ class TranslationDataModule(pl.LightningDataModule):
     batches; the Trainer must run with ``use_distributed_sampler=False``
     (``conf/device/ddp.yaml``). The training loader of a sentencepiece corpus resumes
     mid-epoch (:class:`ResumableDataLoader`); D2L's fixed-length one restarts its epoch.
-    Attributes: ``tokenizer``; ``vocab_size`` (joint or target vocabulary);
-    ``src_vocab_size`` (separate source vocabulary, else ``None``).
+    Attributes: ``tokenizer`` (:func:`attnlab.data.tokenizer.load_tokenizer`); ``fixed_length``
+    (the tokenizer's: D2L's arrays, else sentencepiece pairs); ``vocab_size`` (joint or target
+    vocabulary); ``src_vocab_size`` (separate source vocabulary, else ``None``).
     """
 
     def __init__(self, tokenized_dir: str | Path, batch_size: int = 128, max_len: int = 100,
@@ -97,9 +98,9 @@ class TranslationDataModule(pl.LightningDataModule):
         self.seed = seed
         self.num_workers = num_workers
         self.tokenizer = load_tokenizer(self.dir)
-        self.fixed_length = hasattr(self.tokenizer, "source_vocab_size")
+        self.fixed_length = self.tokenizer.fixed_length
         self.vocab_size = self.tokenizer.get_piece_size()
-        self.src_vocab_size = self.tokenizer.source_vocab_size() if self.fixed_length else None
+        self.src_vocab_size = self.tokenizer.source_vocab_size()
         self.splits: dict[str, Dataset] = {}
 
     def dataset(self, split: str) -> Dataset:

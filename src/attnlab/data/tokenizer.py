@@ -14,6 +14,11 @@ Training pairs are filtered by one rule, :func:`filter_pairs`: a pair is dropped
 when either side is empty after normalization, or has ``max_len`` or more
 tokens (``data.max_len``, the same bound as
 :class:`attnlab.data.batching.PairDataset`). Val and test pairs are all kept.
+
+:func:`tokenize_sentencepiece` is the tokenize stage of the sentencepiece corpora
+(``conf/data/{multi30k,fra_eng}.yaml`` name it in ``tokenize``). The models it writes load
+as :class:`SentencePieceTokenizer` (:func:`load_sentencepiece`), which answers the same
+tokenizer interface as D2L's word vocabularies (:class:`attnlab.data.d2l.D2LTokenizer`).
 """
 from __future__ import annotations
 
@@ -24,8 +29,9 @@ from pathlib import Path
 import numpy as np
 import sentencepiece as spm
 
+from attnlab.data.corpora import TokenizeError, TokenizeReport, load_splits
 from attnlab.data.special_tokens import BOS_ID, EOS_ID, PAD_ID, UNK_ID
-from attnlab.files import write_npz_atomic
+from attnlab.files import staged_dir, write_json_atomic, write_lines_atomic, write_npz_atomic
 
 # sentencepiece's RuntimeError texts for a vocabulary size the corpus cannot give.
 _TOO_HIGH = re.compile(r"Vocabulary size too high \((\d+)\)\. Please set it to a value <= (\d+)")
@@ -55,13 +61,13 @@ def _vocab_size_error(e: RuntimeError, vocab_size: int) -> VocabSizeError | None
 def train_sentencepiece(sentences: list[str], model_prefix: Path, vocab_size: int,
                         model_type: str = "bpe", character_coverage: float = 1.0,
                         seed_sentencepiece_size: int = 1_000_000,
-                        hard_vocab_limit: bool = False) -> spm.SentencePieceProcessor:
+                        hard_vocab_limit: bool = False) -> SentencePieceTokenizer:
     """Train a sentencepiece model on ``sentences``; writes ``<prefix>.model`` and ``.vocab``.
 
     ``vocab_size`` is an upper bound (``hard_vocab_limit=False``): a corpus
     too small for it gives fewer pieces (``get_piece_size()``), so a tiny
     corpus still trains. With ``hard_vocab_limit=True`` it is exact.
-    Empty sentences are skipped. Returns the loaded processor. On any error
+    Empty sentences are skipped. Returns the loaded model (:func:`load_sentencepiece`). On any error
     no file is left at ``<prefix>.*``.
     Raises:
         ValueError: on an empty training corpus.
@@ -94,13 +100,58 @@ def train_sentencepiece(sentences: list[str], model_prefix: Path, vocab_size: in
     return load_sentencepiece(f"{model_prefix}.model")
 
 
-def load_sentencepiece(path) -> spm.SentencePieceProcessor:
+def pad_sources(seqs: list[list[int]]):
+    """Source id lists (no <eos>) → (src (B, S), src_valid_lens (B,)), int64 tensors.
+
+    Each row is its ids, then <eos>, then <pad> up to S = the longest + 1; its valid length
+    counts the <eos>. A row depends on its own ids alone (only its padding on the batch).
+    """
+    import torch  # here: loading a sentencepiece model needs no torch
+
+    seqs = [list(ids) + [EOS_ID] for ids in seqs]
+    src = torch.full((len(seqs), max((len(s) for s in seqs), default=1)), PAD_ID, dtype=torch.long)
+    for i, s in enumerate(seqs):
+        src[i, : len(s)] = torch.tensor(s)
+    return src, torch.tensor([len(s) for s in seqs], dtype=torch.long)
+
+
+class SentencePieceTokenizer(spm.SentencePieceProcessor):
+    """A sentencepiece model (joint source/target vocabulary) with the project's tokenizer
+    interface, which :class:`attnlab.data.d2l.D2LTokenizer` answers too:
+
+    ``fixed_length`` (False: sources are as long as their sentence, batches padded to the
+    longest; the data are ``{split}.npz`` id lists, see the module docstring);
+    ``encode_sources(sentences)`` → (src (B, S), src_valid_lens (B,)) int64, the model's
+    input; ``source_vocab_size()`` (None: the source shares the target's vocabulary);
+    ``source_id_to_piece(i)``; and, for the target side, ``decode``, ``id_to_piece`` and
+    ``get_piece_size`` (sentencepiece's own, as are ``encode`` and the rest).
+    Load one with :func:`load_sentencepiece`. It pickles as sentencepiece's processor does
+    (the serialized model).
+    """
+
+    fixed_length = False
+
+    def encode_sources(self, sentences):
+        """Sentences → :func:`pad_sources` of their ids: each sentence's ids and <eos>, <pad>
+        to the longest + 1; (src (B, S), src_valid_lens (B,)), int64."""
+        return pad_sources(self.encode(list(sentences)))
+
+    def source_vocab_size(self) -> None:
+        """None: one joint vocabulary (``get_piece_size()``) for source and target."""
+        return None
+
+    def source_id_to_piece(self, i: int) -> str:
+        """The piece of source id ``i`` (the joint vocabulary's)."""
+        return self.id_to_piece(int(i))
+
+
+def load_sentencepiece(path) -> SentencePieceTokenizer:
     """Load a model and check its special ids are this project's (pad ≥ 0, all distinct).
 
     Raises:
         ValueError: if the model was trained with other special ids.
     """
-    sp = spm.SentencePieceProcessor(model_file=str(path))
+    sp = SentencePieceTokenizer(model_file=str(path))
     ids = (sp.pad_id(), sp.unk_id(), sp.bos_id(), sp.eos_id())
     if ids != (PAD_ID, UNK_ID, BOS_ID, EOS_ID):
         raise ValueError(f"{path}: special ids (pad, unk, bos, eos) = {ids}, expected "
@@ -197,3 +248,88 @@ def load_split(path: Path) -> tuple[list[np.ndarray], list[np.ndarray]]:
     def unpack(ids, off):
         return [ids[off[i]:off[i + 1]] for i in range(len(off) - 1)]
     return unpack(z["src_ids"], z["src_offsets"]), unpack(z["tgt_ids"], z["tgt_offsets"])
+
+
+# What stats.json says of the filtering rule.
+FILTER_RULE = ("training pairs with an empty side (after normalization) or with max_len or more "
+               "sentencepiece tokens on a side are dropped; val and test keep every pair")
+
+
+def _empty_train_fix(cfg) -> str:
+    """What to change when the training split has no usable pair."""
+    c = cfg.data
+    if c.name == "multi30k":
+        return (f"Check {cfg.paths.raw}/multi30k/{c.splits.train}.{{{c.src_lang},{c.tgt_lang}}}.gz "
+                "(delete them and re-run `dvc repro download`) and data.splits.train")
+    return (f"Check {cfg.paths.raw}/fra-eng.zip (delete it and re-run `dvc repro download`) and "
+            f"data.heldout (num_val={c.heldout.num_val} + num_test={c.heldout.num_test} pairs "
+            "are held out before training gets any)")
+
+
+def tokenize_sentencepiece(cfg, out: Path) -> TokenizeReport:
+    """The tokenize stage of a sentencepiece corpus (``data=multi30k``, ``data=fra_eng``).
+
+    Joint sentencepiece BPE on the training split (its pairs with text on both sides);
+    into ``out``: ``spm.model``/``spm.vocab``, training pairs filtered by
+    :func:`filter_pairs`, val and test unfiltered (``{split}.npz``, plus
+    ``{val,test}.{src,tgt}.txt``), and ``stats.json`` (the rule and the counts).
+    ``out`` is replaced only once all is written (:func:`attnlab.files.staged_dir`).
+
+    Args:
+        cfg: the composed config: ``cfg.data`` (``conf/data/<corpus>.yaml``) and ``cfg.paths.raw``.
+        out: the output folder.
+    Returns:
+        the :class:`attnlab.data.corpora.TokenizeReport` of ``out``, a line per split.
+    Raises:
+        attnlab.data.corpora.CorpusError: a corpus file is missing or corrupt, or the
+            direction is not one the corpus has.
+        TokenizeError: ``data.max_len`` < 2, no training pair with text on both sides, a
+            ``data.vocab_size`` the corpus cannot give, or every training pair too long.
+    """
+    c = cfg.data
+    if c.max_len < 2:
+        raise TokenizeError(f"data.max_len={c.max_len} would drop every pair; "
+                            "set data.max_len=2 or more (a token plus <eos>)")
+    splits = load_splits(c, Path(cfg.paths.raw))
+    usable = [(s, t) for s, t in splits["train"] if s and t]
+    if not usable:  # checked before anything is written
+        raise TokenizeError(f"the training split is empty: {len(splits['train'])} pairs "
+                            "read, none with text on both sides; nothing was written. "
+                            + _empty_train_fix(cfg))
+    stats = {"rule": FILTER_RULE, "max_len": c.max_len, "splits": {}}
+    lines = []
+    with staged_dir(out) as tmp:
+        try:  # joint vocabulary, trained on the train pairs that have text on both sides
+            sp = train_sentencepiece([s for pair in usable for s in pair], tmp / "spm", c.vocab_size)
+        except VocabSizeError as e:
+            raise TokenizeError(f"{e}; nothing was written") from None
+        stats["vocab_size"] = {"requested": c.vocab_size, "actual": sp.get_piece_size()}
+        for name, pairs in splits.items():
+            src, tgt = encode_pairs(sp, pairs)
+            keep, counts = filter_pairs(src, tgt, c.max_len)
+            if name == "train":
+                if not keep:
+                    raise TokenizeError(
+                        f"every training pair has data.max_len={c.max_len} or more "
+                        f"tokens on a side ({counts}); nothing was written. Raise data.max_len")
+                src, tgt = [src[i] for i in keep], [tgt[i] for i in keep]
+                lines.append(f"{name}: {counts['kept']} pairs kept of {counts['pairs']} (dropped "
+                             f"{counts['empty']} with an empty side, {counts['too_long']} with "
+                             f"≥ {c.max_len} tokens on a side)")
+            else:  # aligned with the references: keep all, report what training would drop
+                counts["kept"] = counts["pairs"]
+                write_lines_atomic(tmp / f"{name}.src.txt", [s for s, _ in pairs])
+                write_lines_atomic(tmp / f"{name}.tgt.txt", [t for _, t in pairs])
+                lines.append(f"{name}: {counts['pairs']} pairs, all kept ({counts['empty']} with an "
+                             f"empty side, {counts['too_long']} with ≥ {c.max_len} tokens on a side)")
+            write_split(tmp / f"{name}.npz", src, tgt)
+            stats["splits"][name] = counts
+        write_json_atomic(tmp / "stats.json", stats)
+    note = ""
+    if sp.get_piece_size() < c.vocab_size:
+        note = (f" (data.vocab_size={c.vocab_size} is more than this corpus gives; "
+                f"sentencepiece stopped at {sp.get_piece_size()})")
+    kept = {name: str(n["kept"]) + (f" of {n['pairs']}" if n["kept"] != n["pairs"] else "")
+            for name, n in stats["splits"].items()}
+    return TokenizeReport(f"{c.name} {c.src_lang}-{c.tgt_lang}, sentencepiece", kept,
+                          f"{sp.get_piece_size()} pieces{note}", lines)

@@ -100,7 +100,7 @@ def export_translation(net: nn.Module, tokenizer_path: Path, out_dir: Path, conf
             ``max_input_tokens``, or < ``max_input_chars`` + 1 for a model without a token
             limit), so a sentence could be accepted by itself yet fit no request.
     """
-    import sentencepiece as spm
+    from attnlab.data.tokenizer import load_sentencepiece
 
     limits = {"max_input_chars": max_input_chars, "max_request_sentences": max_request_sentences,
               "max_request_chars": max_request_chars, "max_request_tokens": max_request_tokens}
@@ -121,7 +121,7 @@ def export_translation(net: nn.Module, tokenizer_path: Path, out_dir: Path, conf
                          "sentence would fit no request. Raise max_request_tokens")
 
     net = net.eval().cpu()
-    sp = spm.SentencePieceProcessor(model_file=str(tokenizer_path))
+    sp = load_sentencepiece(tokenizer_path)
     src, valid = encode_sources(sp, ["a first example sentence .", "two"])
     out_dir = Path(out_dir)
     with staged_dir(out_dir) as tmp, torch.no_grad():

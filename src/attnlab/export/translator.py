@@ -51,7 +51,7 @@ def load_translator(export_dir: Path):
     Raises:
         FileNotFoundError: if the folder is not a translation export (names the stage to run).
     """
-    import sentencepiece as spm
+    from attnlab.data.tokenizer import load_sentencepiece  # sentencepiece, with encode_sources
 
     d = Path(export_dir)
     cfg_path = d / "config.json"
@@ -59,11 +59,12 @@ def load_translator(export_dir: Path):
         raise FileNotFoundError(f"{cfg_path} not found; export first with "
                                 "`python src/export.py model=<name>` or `dvc repro`")
     config = json.loads(cfg_path.read_text())
-    if config.get("task") != "translation":
-        raise ValueError(f"{d} holds a {config.get('task')} model, not a translation model")
+    if not (d / "step.pt").exists():  # a regression export holds model.pt alone
+        raise ValueError(f"{d} holds a {config.get('task')} model, not a translation model "
+                         "(no step.pt); pass a translation model's export, e.g. models/transformer")
     init_state = torch.jit.load(str(d / "init_state.pt"), map_location="cpu")
     step = torch.jit.load(str(d / "step.pt"), map_location="cpu")
-    tokenizer = spm.SentencePieceProcessor(model_file=str(d / "spm.model"))
+    tokenizer = load_sentencepiece(d / "spm.model")
     return init_state, step, tokenizer, config
 
 

@@ -43,7 +43,7 @@ class EpochHeatmaps(Callback):
 
     def on_validation_epoch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         if (trainer.sanity_checking or not trainer.is_global_zero or not self.sentences
-                or not self.kinds or getattr(pl_module, "tokenizer", None) is None):
+                or not self.kinds or pl_module.tokenizer is None):
             return
         sub = epoch_dir(trainer.current_epoch + 1)
         with tempfile.TemporaryDirectory() as tmp:

@@ -19,8 +19,13 @@ class ResilientMLFlowLogger(MLFlowLogger):
     ``MLFLOW_HTTP_REQUEST_MAX_RETRIES`` / ``MLFLOW_HTTP_REQUEST_TIMEOUT``.
     """
 
-    def __init__(self, *args, **kwargs):
-        super().__init__(*args, **kwargs)
+    def __init__(self, *args, tracking_uri: str | None = None, artifact_location: str | None = None,
+                 **kwargs):
+        # A new experiment's artifacts: at artifact_location for a local SQLite store; a tracking
+        # server ($MLFLOW_TRACKING_URI=http://…) chooses its own.
+        local = tracking_uri is not None and tracking_uri.startswith("sqlite:")
+        super().__init__(*args, tracking_uri=tracking_uri, artifact_location=artifact_location if local else None,
+                         **kwargs)
         self.offline_reason: str | None = None
 
     def _guard(self, what: str, fn, *args, **kwargs):

@@ -1,6 +1,6 @@
 """Lightning callbacks of the console output (:mod:`attnlab.console`): a line per epoch, the bars.
 
-:func:`train_callbacks` picks among them. They live here, not in the :mod:`attnlab.console`
+:func:`console_callbacks` picks among them. They live here, not in the :mod:`attnlab.console`
 package, because importing Lightning takes seconds and the stages that never train
 (download, tokenize) use the console too.
 """
@@ -115,26 +115,25 @@ class NoBar(ProgressBar):
         pass
 
 
-def train_callbacks(cfg) -> list:
+def console_callbacks(name: str, progress_bar: bool = True) -> list:
     """The callbacks for ``train.py``'s Trainer that make the console output described in
-    :mod:`attnlab.console`.
+    :mod:`attnlab.console` (``conf/callbacks/default.yaml`` names this function).
 
-    On a terminal with ``trainer.enable_progress_bar`` true: Lightning's bar (Rich where
-    installed; it shows ``loss`` and ``tokens/s``). Otherwise ``EpochLines``, plus a bar that
-    draws nothing where Lightning would add its own. Under ``dvc repro``
-    (:func:`attnlab.console.logs.quiet`) also ``ModelSummary(max_depth=0)``: no model summary
-    table. The classes are those of this module.
+    On a terminal with ``progress_bar`` true: Lightning's bar (Rich where installed; it shows
+    ``loss`` and ``tokens/s``). Otherwise ``EpochLines``, plus a bar that draws nothing where
+    Lightning would add its own. Under ``dvc repro`` (:func:`attnlab.console.logs.quiet`) also
+    ``ModelSummary(max_depth=0)``: no model summary table. The classes are those of this module.
 
     Args:
-        cfg: the composed config (``trainer.enable_progress_bar``, ``model.name``).
+        name: the model's name (``model.name``), which each epoch line starts with.
+        progress_bar: ``trainer.enable_progress_bar``.
     """
     out = []
-    bar = bool(cfg.trainer.get("enable_progress_bar", True))
-    if bar and is_terminal():
+    if progress_bar and is_terminal():
         out.append(RichBar() if _RICH_AVAILABLE else TqdmBar())
     else:
-        out.append(EpochLines(cfg.model.name))
-        if bar:
+        out.append(EpochLines(name))
+        if progress_bar:
             out.append(NoBar())
     if quiet():
         out.append(ModelSummary(max_depth=0))

@@ -1,13 +1,21 @@
-"""LightningModule for Nadaraya–Watson regression on D2L's synthetic data (D2L 11.2)."""
+"""LightningModule for Nadaraya–Watson regression on D2L's synthetic data (D2L 11.2).
+
+``conf/model/nw.yaml`` names it as its ``task.module`` (see :mod:`attnlab.lit.translation`).
+"""
 from __future__ import annotations
+
+from pathlib import Path
 
 import pytorch_lightning as pl
 import torch
 from hydra.utils import instantiate
+from omegaconf import DictConfig, OmegaConf
 from torch.utils.data import DataLoader, TensorDataset
 from torchmetrics import MeanSquaredError
 
-from attnlab.models.nadaraya_watson import NadarayaWatson, leave_one_out
+from attnlab.data.synthetic import synthetic_from_config
+from attnlab.models.nadaraya_watson import NadarayaWatson, check_kernel, check_width, leave_one_out, nw_evaluation
+from attnlab.viz import nw_figures
 
 
 class RegressionModule(pl.LightningModule):
@@ -28,6 +36,7 @@ class RegressionModule(pl.LightningModule):
         self.save_hyperparameters(logger=False)
         self.net = NadarayaWatson(parametric=True, init_w=init_w)
         self.data: dict[str, torch.Tensor] | None = None
+        self.figure_settings: dict = {"kernels": (), "width": 1.0, "width_sweep": ()}
         self.val_mse = MeanSquaredError()  # state not saved in checkpoints
 
     def training_step(self, batch, batch_idx):
@@ -45,6 +54,46 @@ class RegressionModule(pl.LightningModule):
 
     def configure_optimizers(self):
         return instantiate(self.hparams.optimizer)(params=self.parameters())
+
+
+    # --- what train.py asks of its task (conf/model/nw.yaml: task.module) ----------------------
+
+    @classmethod
+    def from_config(cls, cfg: DictConfig) -> tuple[RegressionModule, tuple[DataLoader, DataLoader]]:
+        """(module, (train loader, val loader)) for ``trainer.fit(module, *loaders)``: D2L's
+        synthetic data (``conf/data/synthetic.yaml``, drawn with ``seed``), each a single batch.
+
+        Raises:
+            ValueError: an unknown kernel or a width σ ≤ 0 in ``model.kernels``/``model.width``/
+                ``model.width_sweep`` (before any training); data other than ``synthetic``.
+        """
+        m = cfg.model
+        kernels = [check_kernel(k) for k in m.kernels]  # a typo fails here, not after training
+        widths = [check_width(w) for w in (m.width, *m.width_sweep)]
+        data = synthetic_from_config(cfg.data, cfg.seed)
+        module = cls(optimizer=OmegaConf.to_container(cfg.optimizer, resolve=True), init_w=m.init_w)
+        module.data = data
+        module.figure_settings = {"kernels": kernels, "width": widths[0], "width_sweep": widths[1:]}
+        return module, (full_batch_loader(data["x_train"], data["y_train"]),
+                        full_batch_loader(data["x_test"], data["y_test"]))
+
+    @staticmethod
+    def run_tags(cfg: DictConfig) -> dict[str, str]:
+        """Nothing beyond the model and data tags every run has."""
+        return {}
+
+    def epoch_callbacks(self, cfg: DictConfig, out_dir: Path, logger) -> list[pl.Callback]:
+        """None: the fit is drawn once, at the end."""
+        return []
+
+    def figures(self, net: NadarayaWatson, out_dir: Path) -> list[Path]:
+        """D2L 11.2's figures for the trained ``net`` (fit, weights, each kernel, the width sweep:
+        :func:`attnlab.viz.nw_figures`), written into ``out_dir``."""
+        s, d = self.figure_settings, self.data
+        ev = nw_evaluation(d, float(net.w.detach()), s["kernels"], s["width"], s["width_sweep"])
+        return nw_figures(d["x_train"], d["y_train"], d["x_test"], d["y_test"], ev["predictions"],
+                          ev["weights"], out_dir, kernels=ev["kernels"], width=s["width"],
+                          width_sweep=ev["width_sweep"], trained_w=ev["w"])
 
 
 def full_batch_loader(x: torch.Tensor, y: torch.Tensor) -> DataLoader:

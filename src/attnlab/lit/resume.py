@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -23,12 +22,15 @@ import torch
 from omegaconf import DictConfig, OmegaConf
 from pytorch_lightning.callbacks import ModelCheckpoint
 
+from attnlab.files import rebase
+
 LAST = "last"
 
 # Config keys that do not change what is trained: where files go, the tracking store,
 # which attention maps are drawn, how often the resume checkpoint is written, console output.
 _IGNORED = ("paths", "mlflow", "hydra", "heatmaps")
-_IGNORED_NESTED = (("checkpoint", "every_n_train_steps"), ("trainer", "enable_progress_bar"))
+_IGNORED_NESTED = (("checkpoint", "every_n_train_steps"), ("trainer", "enable_progress_bar"),
+                   ("callbacks", "console"))
 
 
 def config_fingerprint(cfg: DictConfig) -> str:
@@ -139,15 +141,10 @@ class ResumableCheckpoint(ModelCheckpoint):
         old, new = state_dict.get("dirpath"), self.dirpath
         if old and new and old != new:
             state_dict = {**state_dict, "dirpath": new,
-                          "best_k_models": {_rebase(k, old, new): v
+                          "best_k_models": {rebase(k, old, new) or k: v
                                             for k, v in state_dict.get("best_k_models", {}).items()}}
             for key in ("best_model_path", "kth_best_model_path", "last_model_path"):
                 if key in state_dict:
-                    state_dict[key] = _rebase(state_dict[key], old, new)
+                    state_dict[key] = rebase(state_dict[key], old, new) or state_dict[key]
         super().load_state_dict(state_dict)
 
-
-def _rebase(path: str, old_dir: str, new_dir: str) -> str:
-    """``path`` moved from under ``old_dir`` to ``new_dir``; unchanged if it is not under ``old_dir``."""
-    prefix = old_dir.rstrip(os.sep) + os.sep
-    return os.path.join(new_dir, path[len(prefix):]) if path and path.startswith(prefix) else path

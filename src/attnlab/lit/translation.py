@@ -1,23 +1,30 @@
-"""LightningModule for translation: teacher-forced cross-entropy training, val loss and BLEU."""
+"""LightningModule for translation: teacher-forced cross-entropy training, val loss and BLEU.
+
+``conf/model/{transformer,bahdanau}.yaml`` name it as their ``task.module``: ``train.py`` builds
+it with :meth:`TranslationModule.from_config` and asks it for its run tags, its per-epoch
+callbacks and its final figures, never which task it holds.
+"""
 from __future__ import annotations
 
 import math
 import time
+from pathlib import Path
 
 import pytorch_lightning as pl
 import torch
 from hydra.utils import instantiate
+from omegaconf import DictConfig, OmegaConf
 from torchmetrics import MeanMetric
 
+from attnlab.data.corpora import read_lines
+from attnlab.data.datamodule import TranslationDataModule
 from attnlab.data.tokenizer import PAD_ID
 from attnlab.decoding import translate_text
-from attnlab.loss import sequence_loss
+from attnlab.lit.heatmaps import EpochHeatmaps
+from attnlab.loss import NonFiniteLossError, sequence_loss
 from attnlab.models import build_net
 from attnlab.metrics import CorpusScores
-
-
-class NonFiniteLossError(FloatingPointError):
-    """The training loss became NaN or ±inf; raised before the bad step updates any weight."""
+from attnlab.viz import translation_heatmaps
 
 
 def inverse_sqrt_warmup(warmup_steps: int):
@@ -69,6 +76,7 @@ class TranslationModule(pl.LightningModule):
         self.val_scores = CorpusScores()
         self.tokenizer = None
         self.val_texts: tuple[list[str], list[str]] | None = None
+        self.heatmap_sources: list[str] = []  # the sentences of the attention maps
         self._epoch_tokens = 0
         self._epoch_start = self._epoch_train_time = 0.0
 
@@ -156,3 +164,46 @@ class TranslationModule(pl.LightningModule):
         opt = instantiate(self.hparams.optimizer)(params=self.parameters())
         sched = torch.optim.lr_scheduler.LambdaLR(opt, inverse_sqrt_warmup(self.hparams.warmup_steps))
         return {"optimizer": opt, "lr_scheduler": {"scheduler": sched, "interval": "step"}}
+
+    # --- what train.py asks of its task (conf/model/<model>.yaml: task.module) ---------------
+
+    @classmethod
+    def from_config(cls, cfg: DictConfig) -> tuple[TranslationModule, tuple[TranslationDataModule]]:
+        """(module, (datamodule,)) for ``trainer.fit(module, *loaders)``, from a composed config.
+
+        The net is ``model.net`` sized to the tokenized corpus (``paths.tokenized``); the module
+        gets the tokenizer, the first ``data.val_bleu_sentences`` val pairs (scored for
+        ``val_bleu``) and the val sources at ``heatmaps.sentences`` (indices past the split are
+        skipped).
+        Raises:
+            ValueError: ``data=synthetic`` (a translation model needs a corpus).
+            FileNotFoundError: the corpus is not tokenized yet (names the stage to run).
+        """
+        if cfg.data.name == "synthetic":
+            raise ValueError(f"model={cfg.model.name} translates; choose data=multi30k or data=fra_eng")
+        dm = TranslationDataModule(cfg.paths.tokenized, cfg.model.batch_size, cfg.data.max_len, cfg.seed,
+                                   max_tokens=cfg.model.get("max_tokens"))
+        plain = lambda node: OmegaConf.to_container(node, resolve=True)  # noqa: E731 (weights_only loads)
+        module = cls(net=plain(cfg.model.net), optimizer=plain(cfg.optimizer), vocab_size=dm.vocab_size,
+                     label_smoothing=cfg.model.label_smoothing, warmup_steps=cfg.model.warmup_steps,
+                     src_vocab_size=dm.src_vocab_size)
+        tok_dir, n = Path(cfg.paths.tokenized), cfg.data.val_bleu_sentences
+        sources = read_lines(tok_dir / "val.src.txt")
+        module.tokenizer = dm.tokenizer
+        module.val_texts = (sources[:n], read_lines(tok_dir / "val.tgt.txt")[:n])
+        module.heatmap_sources = [sources[i] for i in cfg.heatmaps.sentences if i < len(sources)]
+        return module, (dm,)
+
+    @staticmethod
+    def run_tags(cfg: DictConfig) -> dict[str, str]:
+        """What the MLflow run translates (``corpus``, ``src_lang``, ``tgt_lang``), in run-name order."""
+        return {"corpus": cfg.data.name, "src_lang": cfg.data.src_lang, "tgt_lang": cfg.data.tgt_lang}
+
+    def epoch_callbacks(self, cfg: DictConfig, out_dir: Path, logger) -> list[pl.Callback]:
+        """The attention maps of ``heatmaps.epoch_kinds`` after every validation epoch."""
+        return [EpochHeatmaps(self.heatmap_sources, cfg.heatmaps.epoch_kinds, out_dir, logger)]
+
+    def figures(self, net: torch.nn.Module, out_dir: Path) -> list[Path]:
+        """The attention PNGs of ``net`` (the kept checkpoint's model) for the heatmap sentences:
+        every kind and layer (:func:`attnlab.viz.translation_heatmaps`), written into ``out_dir``."""
+        return translation_heatmaps(net, self.tokenizer, self.heatmap_sources, out_dir)

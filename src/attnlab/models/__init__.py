@@ -1,4 +1,18 @@
-"""Plain nn.Module models: Nadaraya–Watson, Bahdanau seq2seq, Transformer.
+"""The book: D2L chapter 11, "Attention Mechanisms and Transformers", in torch alone.
+
+In the chapter's order:
+
+* :mod:`attnlab.models.nadaraya_watson`: 11.2, attention pooling by similarity
+  (Nadaraya–Watson kernel regression);
+* :mod:`attnlab.models.attention`: 11.3 scoring functions (masked softmax, additive and
+  scaled dot-product attention), 11.5 multi-head attention, 11.6 positional encoding,
+  11.7 the position-wise FFN and add & norm;
+* :mod:`attnlab.models.bahdanau`: 11.4, the Bahdanau attention seq2seq (GRU);
+* :mod:`attnlab.models.transformer`: 11.7, the Transformer encoder–decoder.
+
+Nothing here imports Lightning, Hydra, MLflow or the rest of attnlab
+(``tests/test_layout.py`` checks it): the lab (:mod:`attnlab.lit`, :mod:`attnlab.data`,
+the stage scripts) is built around these modules.
 
 :func:`build_net` is the one place a translation model is built from a config
 (``conf/model/<name>.yaml`` → ``net``, or the ``hyper_parameters`` of a

@@ -2,7 +2,7 @@
 
 The decoder is D2L's ``Seq2SeqAttentionDecoder``: at step t the query is the
 top-layer hidden state s_{t-1}, the context c_t = Σ α(s_{t-1}, h_j) h_j comes
-from :class:`attnlab.attention.AdditiveAttention` over the encoder states, and
+from :class:`attnlab.models.attention.AdditiveAttention` over the encoder states, and
 [c_t; embed(y_{t-1})] is the GRU input. Training uses teacher forcing.
 The key projection W_k h_j is computed once per sentence (it is part of the
 decoding state), not once per step.
@@ -12,7 +12,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from attnlab.attention import AdditiveAttention
+from attnlab.models.attention import AdditiveAttention
 
 
 class Seq2SeqEncoder(nn.Module):

@@ -28,8 +28,8 @@ to the nearest-neighbour prediction as σ → 0, and no output is ever NaN.
 
 The model holds w = 1/σ. It is fixed (non-parametric) or learned (parametric,
 previous edition's eq. 11.2.7, f(x) = Σ_i softmax(-((x - x_i) w)²/2) y_i).
-Average pooling, f(x) = mean(y_i), is the baseline. Also: the synthetic data
-of the previous edition's D2L 11.2.1.
+Average pooling, f(x) = mean(y_i), is the baseline. The synthetic data of the
+previous edition's D2L 11.2.1 is in :mod:`attnlab.data.synthetic`.
 """
 from __future__ import annotations
 
@@ -126,39 +126,6 @@ def kernel_weights(queries: torch.Tensor, keys: torch.Tensor, kernel: str = "gau
     return torch.softmax(torch.where(no_mass, nearest, scores), dim=-1)
 
 
-def true_function(x: torch.Tensor) -> torch.Tensor:
-    """D2L's target f(x) = 2 sin(x) + x^0.8, elementwise, float."""
-    return 2 * torch.sin(x) + x ** 0.8
-
-
-def synthetic_regression(n_train: int = 50, noise_std: float = 0.5, x_max: float = 5.0,
-                         seed: int = 0) -> dict[str, torch.Tensor]:
-    """D2L 11.2.1's data (previous edition): sorted x_train ~ U(0, x_max),
-    y = f(x) + N(0, noise_std²), ``n_train`` evenly spaced test points on [0, x_max)
-    with noise-free targets.
-
-    Returns float32 tensors x_train, y_train (n_train,), x_test, y_test (n_train,).
-    """
-    g = torch.Generator().manual_seed(seed)
-    x_train, _ = torch.sort(torch.rand(n_train, generator=g) * x_max)
-    y_train = true_function(x_train) + torch.randn(n_train, generator=g) * noise_std
-    x_test = torch.arange(0, x_max, x_max / n_train)[:n_train]
-    return {"x_train": x_train, "y_train": y_train, "x_test": x_test,
-            "y_test": true_function(x_test)}
-
-
-def synthetic_from_config(data_cfg, seed: int) -> dict[str, torch.Tensor]:
-    """:func:`synthetic_regression` with the sizes of a ``conf/data/synthetic.yaml`` config.
-
-    Raises:
-        ValueError: if the config is not ``data=synthetic`` (NW trains on nothing else).
-    """
-    if data_cfg.name != "synthetic":
-        raise ValueError(f"model=nw trains on data=synthetic, not data={data_cfg.name}; "
-                         "drop the data= override")
-    return synthetic_regression(data_cfg.n_train, data_cfg.noise_std, data_cfg.x_max, seed=seed)
-
-
 class NadarayaWatson(nn.Module):
     """Kernel attention pooling f(x) = Σ_i α_i(x) y_i (D2L eq. 11.2.2) with a scalar w = 1/σ.
 
@@ -214,7 +181,7 @@ def nw_evaluation(data: dict[str, torch.Tensor], w: float, kernels: Iterable[str
     """Test MSE of average pooling, NW with each kernel at width σ, and the trained model.
 
     Args:
-        data: :func:`synthetic_regression`'s dict; keys are x_train (n,), queries x_test (m,).
+        data: :func:`attnlab.data.synthetic.synthetic_regression`'s dict; keys are x_train (n,), queries x_test (m,).
         w: the trained (parametric, Gaussian) model's w = 1/σ.
         kernels: kernel names for the non-parametric models; width: their σ.
         width_sweep: σ values for the Gaussian sweep of D2L 11.2.3 (may be empty).

@@ -1,6 +1,8 @@
 """Transformer encoder–decoder (D2L 11.7; Vaswani et al. 2017, section 3).
 
-Post-norm blocks built from :mod:`attnlab.attention`. Token ids are int64,
+Post-norm blocks built from :mod:`attnlab.models.attention` (multi-head attention),
+:mod:`attnlab.models.positional_encoding` and, as in D2L 11.7.2, the position-wise FFN and
+add & norm defined here. Token ids are int64,
 ``valid_lens`` int64 (B,). A joint source/target vocabulary lets the source
 embedding, target embedding and output projection share one matrix
 (Press & Wolf 2017; Vaswani et al. 3.4).
@@ -12,7 +14,39 @@ import math
 import torch
 from torch import nn
 
-from attnlab.attention import AddNorm, MultiHeadAttention, PositionalEncoding, PositionWiseFFN
+from attnlab.models.attention import MultiHeadAttention
+from attnlab.models.positional_encoding import PositionalEncoding
+
+
+class PositionWiseFFN(nn.Module):
+    """Position-wise feed-forward network: W₂ ReLU(W₁ x + b₁) + b₂ (D2L 11.7.2; Vaswani et al. eq. 2).
+
+    Shapes: X (B, T, d_model) → (B, T, d_model); the hidden layer has ``ffn_hidden`` units.
+    """
+
+    def __init__(self, d_model: int, ffn_hidden: int):
+        super().__init__()
+        self.dense1 = nn.Linear(d_model, ffn_hidden)
+        self.relu = nn.ReLU()
+        self.dense2 = nn.Linear(ffn_hidden, d_model)
+
+    def forward(self, X):
+        return self.dense2(self.relu(self.dense1(X)))
+
+
+class AddNorm(nn.Module):
+    """Residual connection then layer norm: LayerNorm(X + Dropout(Y)) (D2L 11.7.2; post-norm).
+
+    Shapes: X, Y (B, T, d_model) → (B, T, d_model).
+    """
+
+    def __init__(self, d_model: int, dropout: float = 0.0):
+        super().__init__()
+        self.dropout = nn.Dropout(dropout)
+        self.ln = nn.LayerNorm(d_model)
+
+    def forward(self, X, Y):
+        return self.ln(self.dropout(Y) + X)
 
 
 class TransformerEncoderBlock(nn.Module):

@@ -2,8 +2,9 @@
 
 Source: Dive into Deep Learning (D2L), chapter 11 "Attention Mechanisms and
 Transformers": 11.3 (masked softmax, additive and scaled dot-product scoring),
-11.5 (multi-head attention), 11.6 (positional encoding), 11.7 (position-wise
-FFN, add & norm). Paper: Vaswani et al. 2017, "Attention Is All You Need",
+11.5 (multi-head attention); 11.6's positional encoding is in
+:mod:`attnlab.models.positional_encoding`, 11.7's position-wise FFN and add & norm in
+:mod:`attnlab.models.transformer`. Paper: Vaswani et al. 2017, "Attention Is All You Need",
 eq. (1) and section 3.2-3.5; Bahdanau et al. 2015, eq. (6) (additive score);
 Xu et al. 2015, "Show, Attend and Tell", section 4.1 (hard attention, see
 :func:`masked_hardmax`).
@@ -25,9 +26,6 @@ __all__ = [
     "AdditiveAttention",
     "DotProductAttention",
     "MultiHeadAttention",
-    "PositionalEncoding",
-    "PositionWiseFFN",
-    "AddNorm",
     "transpose_qkv",
     "transpose_output",
 ]
@@ -297,74 +295,3 @@ class MultiHeadAttention(nn.Module):
             out = out.masked_fill(empty, 0.0)
         out = out.transpose(1, 2).reshape(B, Q, -1)  # (B, Q, H·d)
         return self.W_o(out)  # (B, Q, d_model)
-
-
-class PositionalEncoding(nn.Module):
-    """Sinusoidal positional encoding (D2L 11.6.3; Vaswani et al. 3.5).
-
-    P[i, 2j] = sin(i / 10000^(2j/d)), P[i, 2j+1] = cos(i / 10000^(2j/d)).
-    An odd ``d_model`` works: sin fills the even columns, cos the odd ones.
-
-    Args:
-        d_model: feature size d.
-        dropout: dropout probability applied after adding P.
-        max_len: longest sequence supported.
-    Shapes: X (B, T, d_model) float → X + P[:T], same shape and dtype.
-    Raises:
-        ValueError: if T > max_len or d_model < 1.
-    """
-
-    def __init__(self, d_model: int, dropout: float = 0.0, max_len: int = 1000):
-        super().__init__()
-        if d_model < 1:
-            raise ValueError(f"d_model must be ≥ 1, got {d_model}")
-        self.dropout = nn.Dropout(dropout)
-        position = torch.arange(max_len, dtype=torch.float32)[:, None]
-        div = torch.pow(10000.0, torch.arange(0, d_model, 2, dtype=torch.float32) / d_model)
-        angles = position / div  # (max_len, ceil(d/2))
-        P = torch.zeros(1, max_len, d_model)
-        P[0, :, 0::2] = torch.sin(angles)
-        P[0, :, 1::2] = torch.cos(angles[:, : d_model // 2])
-        self.register_buffer("P", P, persistent=False)
-
-    def at(self, X: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
-        """One step of an incremental decoder: X (B, 1, d_model) + P[positions], positions (B,) int64."""
-        return self.dropout(X + self.P[0, positions].unsqueeze(1).to(X.dtype))
-
-    def forward(self, X: torch.Tensor) -> torch.Tensor:
-        if X.shape[1] > self.P.shape[1]:
-            raise ValueError(
-                f"sequence length {X.shape[1]} exceeds PositionalEncoding max_len "
-                f"{self.P.shape[1]}; raise max_len")
-        return self.dropout(X + self.P[:, : X.shape[1], :].to(X.dtype))
-
-
-class PositionWiseFFN(nn.Module):
-    """Position-wise feed-forward network: W₂ ReLU(W₁ x + b₁) + b₂ (D2L 11.7.2; Vaswani et al. eq. 2).
-
-    Shapes: X (B, T, d_model) → (B, T, d_model); the hidden layer has ``ffn_hidden`` units.
-    """
-
-    def __init__(self, d_model: int, ffn_hidden: int):
-        super().__init__()
-        self.dense1 = nn.Linear(d_model, ffn_hidden)
-        self.relu = nn.ReLU()
-        self.dense2 = nn.Linear(ffn_hidden, d_model)
-
-    def forward(self, X):
-        return self.dense2(self.relu(self.dense1(X)))
-
-
-class AddNorm(nn.Module):
-    """Residual connection then layer norm: LayerNorm(X + Dropout(Y)) (D2L 11.7.2; post-norm).
-
-    Shapes: X, Y (B, T, d_model) → (B, T, d_model).
-    """
-
-    def __init__(self, d_model: int, dropout: float = 0.0):
-        super().__init__()
-        self.dropout = nn.Dropout(dropout)
-        self.ln = nn.LayerNorm(d_model)
-
-    def forward(self, X, Y):
-        return self.ln(self.dropout(Y) + X)
