@@ -31,7 +31,10 @@ from attnlab.data.corpora import CorpusError, TokenizeError
 @hydra.main(version_base="1.3", config_path="../conf", config_name="config")
 def main(cfg: DictConfig) -> None:
     logs.setup(mlflow=False)
-    if cfg.data.get("tokenize") is None:
+    if "tokenize" not in cfg.data:
+        raise SystemExit(f"data={cfg.data.name} names no tokenize function; add one to its config, e.g. "
+                         "`tokenize: attnlab.data.tokenizer.tokenize_sentencepiece` (joint BPE)")
+    if cfg.data.tokenize is None:
         raise SystemExit(f"data={cfg.data.name} needs no tokenizer; choose data=multi30k or data=fra_eng")
     tokenize = get_method(cfg.data.tokenize)
     out = Path(cfg.paths.tokenized)

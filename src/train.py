@@ -62,16 +62,16 @@ def main(cfg: DictConfig) -> None:
     # transformer-multi30k-en-fr-seed0 or nw-synthetic-seed0 (fixed: MLflow's would vary).
     task_tags = module.run_tags(cfg)
     name = "-".join([cfg.model.name, *(task_tags.values() or [cfg.data.name]), f"seed{cfg.seed}"])
-    logger = instantiate(cfg.mlflow.logger, tags={"model": cfg.model.name, "data": cfg.data.name,
-                                                  **task_tags, **sweep.tags},
-                         run_id=resume.run_id if resume else None, run_name=sweep.run_name(name))
+    logger = instantiate(cfg.mlflow.logger, _partial_=True)(  # call-time arguments stay plain strings
+        tags={"model": cfg.model.name, "data": cfg.data.name, **task_tags, **sweep.tags},
+        run_id=resume.run_id if resume else None, run_name=sweep.run_name(name))
     plots = Path(cfg.paths.plots)
     if resume is None:
         clear_plots(plots)  # a persistent DVC output: a fresh run starts it anew
     configured = [instantiate(node) for node in cfg.callbacks.values() if node is not None]
     callbacks = [*checkpoints.callbacks(), ResumeState(fingerprint, logger),
                  *(c for built in configured for c in (built if isinstance(built, list) else [built])),
-                 *module.epoch_callbacks(cfg, plots / "attention", logger)]
+                 *module.epoch_callbacks(cfg, plots, logger)]
     history = EpochHistoryLogger(plots / "history.csv", resume=resume is not None)
     trainer = pl.Trainer(**cfg.trainer, **cfg.device, logger=[logger, history], callbacks=callbacks)
     if trainer.is_global_zero and resume is None:
@@ -82,8 +82,8 @@ def main(cfg: DictConfig) -> None:
     if not trainer.is_global_zero:
         return
     logger.log_artifact(best_path, "checkpoint")
-    for png in module.figures(load_net(best_path, expected_kind=cfg.model.name), plots / "attention"):
-        logger.log_artifact(str(png), "attention")
+    for figure in module.figures(load_net(best_path, expected_kind=cfg.model.name), plots):
+        logger.log_artifact(str(figure), "attention")
     write_run_record(Path(cfg.paths.runs) / f"{cfg.model.name}.json", logger.run_id,
                      cfg.mlflow.tracking_uri, cfg.mlflow.experiment, best_path, root=cfg.paths.root)
     checkpoints.last.unlink(missing_ok=True)  # finished: nothing to resume

@@ -154,5 +154,6 @@ def test_editing_a_console_summary_retrains_nothing(project):
                  "def masked_softmax(  # edited\n    "):
         after = _changed_deps(project)
     stages = [f"{stage}@{model}" for stage in ("train", "evaluate", "export")
-              for model in ("bahdanau", "transformer")] + ["train_nw", "evaluate_nw", "export_nw"]
+              for model in ("bahdanau", "transformer")] + ["train_nw", "evaluate_nw", "export_nw",
+                                                         "head_importance"]
     assert after == {stage: {"src/attnlab/models"} for stage in stages}  # the book's folder, a dep

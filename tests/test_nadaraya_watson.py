@@ -215,8 +215,10 @@ def test_heatmaps_write_one_figure_per_configured_kernel(monkeypatch, tmp_path):
     paths = module.figures(module.net, tmp_path)
     names = {"nw_fit.png", "nw_weights.png", "nw_gaussian_widths.png",
              *(f"nw_{k}.png" for k in KERNELS)}
-    assert {p.name for p in paths} == names == {p.name for p in tmp_path.iterdir()}
-    for p in paths:
+    pngs = [p for p in paths if p.suffix == ".png"]
+    assert {p.name for p in pngs} == names == {p.name for p in (tmp_path / "attention").iterdir()}
+    assert [p for p in paths if p not in pngs] == [tmp_path / "explorer.html"]  # beside attention/
+    for p in pngs:
         w, h = _png_size(p)
         assert w >= 500 and h >= 350 and p.stat().st_size > 20_000, (p.name, w, h)
 

@@ -11,15 +11,13 @@ machine that `dvc push`es its results for a fresh `git clone` + `dvc pull`. Last
 import contextlib
 import hashlib
 import json
+import math
 import os
 import shutil
-import signal
-import socket
 import subprocess
 import sys
 import time
 import urllib.parse
-import urllib.request
 from pathlib import Path
 
 import pytest
@@ -28,6 +26,8 @@ import torch
 import yaml
 from omegaconf import OmegaConf
 
+from browser import PNG_MAGIC, WINDOW, chromium as _chromium, find_browser as _browser
+from browser import http as _http, mlflow_ui as _mlflow_ui
 from corpus_fixture import write_mirror
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -114,6 +114,29 @@ def test_every_stage_wrote_its_outputs(project):
         assert scores["bleu_lc"] == sacrebleu.corpus_bleu(hypotheses, [references], lowercase=True).score
         assert scores["chrf"] == sacrebleu.corpus_chrf(hypotheses, [references]).score
         _assert_says_what_it_measured(scores, "en", "fr")
+
+
+def test_head_importance_masks_each_head_of_the_trained_transformer(project):
+    """The stage's BLEU is greedy sacreBLEU on the val split with the kept checkpoint (recomputed
+    here); every one of its 2 × 3 × 4 heads is masked alone, then pruned one by one."""
+    from attnlab.checkpoint import load_net
+    from attnlab.data.tokenizer import load_sentencepiece
+    from attnlab.decoding import translate_text
+
+    result = json.loads((project / "plots/heads/transformer/importance.json").read_text())
+    metrics = json.loads((project / "metrics/transformer.heads.json").read_text())
+    tok = project / "data/tokenized/multi30k-en-fr"
+    sources, references = (tok / "val.src.txt").read_text().splitlines(), (tok / "val.tgt.txt").read_text().splitlines()
+    net = load_net(project / "checkpoints/transformer/best.ckpt", expected_kind="transformer").eval()
+    hyps = translate_text(net.init_state, net.step, load_sentencepiece(tok / "spm.model"), sources)
+    assert result["score"] == metrics["val_bleu"] == sacrebleu.corpus_bleu(hyps, [references]).score
+    assert result["num_sentences"] == metrics["num_sentences"] == len(sources)
+    assert len(result["heads"]) == metrics["heads"] == 24 and len(result["pruning"]) == 25
+    for h in result["heads"]:
+        assert h["importance"] == result["score"] - h["score"]
+    assert metrics["pruned"] == 12 and metrics["pruned_half_bleu"] == result["pruning"][12]["score"]
+    for name in ("importance.png", "pruning.png", "importance.csv", "pruning.csv"):
+        assert (project / "plots/heads/transformer" / name).stat().st_size > 0
 
 
 def _test_references(project: Path, lang: str) -> list[str]:
@@ -204,13 +227,24 @@ def test_history_csv_and_heatmaps_match_the_mlflow_run(project):
         epochs = {"nw": 3, "bahdanau": 2, "transformer": 2}[m]
         assert [int(r["epoch"]) for r in rows] == list(range(1, epochs + 1))
         keys = ("train_loss", "val_loss") + (("val_bleu", "tokens_per_sec") if m in SEQ2SEQ else ())
+        heads = {"nw": 0, "bahdanau": 3, "transformer": (2 + 2 + 3) * 2 * 4}[m]  # per-head statistics
+        stats = sorted(k for k in rows[0] if k.split("/")[0] in ("entropy", "confidence", "diagonal_offset"))
+        assert len(stats) == heads, stats
+        keys += tuple(stats[:2]) + tuple(k for k in stats if k.startswith("diagonal_offset"))[:1]
+        for key in stats:  # entropy in [0, log K], confidence in [1/K, 1], offset in [0, 1]
+            assert all(0.0 <= float(r[key]) <= (math.log(100) if key.startswith("entropy") else 1.0)
+                       for r in rows), key
         for key in keys:
             logged = client.get_metric_history(run_id, key)
             assert [(int(r["step"]), float(r[key])) for r in rows] == [(h.step, h.value) for h in logged], key
         local = sorted(p.relative_to(project / f"plots/{m}").as_posix()
                        for p in (project / f"plots/{m}/attention").rglob("*.png"))
         final = [a.path for a in client.list_artifacts(run_id, "attention") if not a.is_dir]
-        assert [f for f in local if f.count("/") == 1] == sorted(final)
+        assert [f for f in local if f.count("/") == 1] == sorted(f for f in final if f.endswith(".png"))
+        # the explorer (attnlab.explorer): beside the PNG folder locally, the same bytes in MLflow
+        assert "attention/explorer.html" in final
+        got = client.download_artifacts(run_id, "attention/explorer.html", str(project / f"dl-explorer-{m}"))
+        assert Path(got).read_bytes() == (project / f"plots/{m}/explorer.html").read_bytes()
         if m == "nw":
             assert not (project / "plots/nw/attention/epochs").exists()
             continue
@@ -424,7 +458,8 @@ def test_second_concurrent_repro_stops_on_the_lock_and_the_first_finishes(projec
 SHARED_OUTS = {"data/raw", "data/tokenized/multi30k-en-fr",
                *(f"{d}/{m}" for d in ("checkpoints", "models", "plots") for m in MODELS),
                *(f"{d}/{m}.json" for d in ("runs", "metrics") for m in MODELS),
-               *(f"metrics/{m}.hyp.txt" for m in SEQ2SEQ)}
+               *(f"metrics/{m}.hyp.txt" for m in SEQ2SEQ),
+               "plots/heads/transformer", "metrics/transformer.heads.json"}
 
 
 def _lock_outs(project: Path) -> dict:
@@ -488,7 +523,7 @@ def test_fresh_clone_after_pull_has_nothing_to_reproduce(project, clone):
     assert repro.returncode == 0, repro.stderr[-3000:]
     assert "Running stage" not in repro.stdout, repro.stdout
     stages = set(_lock_outs(project).values())  # every stage has outputs
-    assert repro.stdout.count("didn't change, skipping") == len(stages) == 11, repro.stdout
+    assert repro.stdout.count("didn't change, skipping") == len(stages) == 12, repro.stdout
     assert "Data and pipelines are up to date." in repro.stdout
     assert (clone / "dvc.lock").read_bytes() == (project / "dvc.lock").read_bytes()
 
@@ -658,7 +693,7 @@ def test_metrics_diff_and_plots_diff_compare_experiments(experiments):
 # What `dvc exp run -S key=value` does to params.yaml is done here by hand, then undone.
 DIRECTIONS = {"tgt_lang=de": ("multi30k", "en", "de"), "data=fra_eng": ("fra_eng", "en", "fr"),
               "src_lang=fr tgt_lang=en": ("multi30k", "fr", "en")}
-TRANSLATION_STAGES = {f"{s}@{m}" for s in ("train", "evaluate", "export") for m in SEQ2SEQ}
+TRANSLATION_STAGES = {f"{s}@{m}" for s in ("train", "evaluate", "export") for m in SEQ2SEQ} | {"head_importance"}
 
 
 @contextlib.contextmanager
@@ -711,87 +746,8 @@ def test_a_corpus_without_the_asked_language_is_refused_by_tokenize(project):
 # endpoints that app calls. A run whose artifact location is a local folder (here
 # <project>/mlruns/…) has its files listed by /ajax-api/…/artifacts/list and sent by
 # /get-artifact, both read from that folder. Headless Chromium then loads the app itself.
-BROWSERS = ("chromium", "chromium-browser", "google-chrome")
-PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
-WINDOW = (1400, 900)  # width, height of the screenshot, in CSS pixels (device scale 1)
+# (The helpers are in tests/browser.py, shared with tests/test_explorer.py.)
 HEATMAP = "attention/sent0_encoder_decoder_layer2.png"  # validation sentence 0, last layer
-
-
-def _browser() -> str:
-    """The first Chromium-family binary on PATH; skip the test when there is none."""
-    for name in BROWSERS:
-        if path := shutil.which(name):
-            return path
-    pytest.skip(f"no Chromium on PATH (looked for {', '.join(BROWSERS)}); "
-                "install one (Debian: `apt-get install chromium`) to run the browser check")
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-@contextlib.contextmanager
-def _mlflow_ui(store: Path, folder: Path, env: dict):
-    """`mlflow ui` over the SQLite `store` on a free loopback port; yields its base URL.
-
-    It runs in `folder`, in its own process group (the CLI starts a uvicorn worker), and the
-    whole group is ended on exit. MLflow's job runner (task-queue workers for its GenAI
-    jobs) is switched off: nothing here uses it.
-    """
-    port = _free_port()
-    url, log = f"http://127.0.0.1:{port}", folder / "mlflow-ui.log"
-    cmd = [sys.executable, "-m", "mlflow", "ui", "--backend-store-uri", f"sqlite:///{store}",
-           "--host", "127.0.0.1", "--port", str(port), "--workers", "1"]
-    with open(log, "wb") as out:
-        proc = subprocess.Popen(cmd, cwd=folder, stdout=out, stderr=subprocess.STDOUT,
-                                env={**env, "MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false"},
-                                start_new_session=True)
-    try:
-        deadline = time.monotonic() + 120
-        while True:
-            assert proc.poll() is None, f"mlflow ui exited:\n{log.read_text()[-3000:]}"
-            try:
-                with urllib.request.urlopen(f"{url}/health", timeout=2) as r:
-                    if r.status == 200:
-                        break
-            except OSError:
-                assert time.monotonic() < deadline, (
-                    f"mlflow ui not healthy after 120 s:\n{log.read_text()[-3000:]}")
-                time.sleep(0.3)
-        yield url
-    finally:
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(proc.pid, signal.SIGTERM)
-        try:
-            proc.wait(timeout=20)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
-
-
-def _http(url: str, body: dict | None = None, **query) -> bytes:
-    """GET `url` with `query` (or POST `body` as JSON); the response body."""
-    if query:
-        url += "?" + urllib.parse.urlencode(query)
-    data = None if body is None else json.dumps(body).encode()
-    request = urllib.request.Request(url, data=data, headers={"Content-Type": "application/json"})
-    with urllib.request.urlopen(request, timeout=30) as r:
-        return r.read()
-
-
-def _chromium(browser: str, url: str, profile: Path, *action: str) -> subprocess.CompletedProcess:
-    """Headless Chromium loads `url` and does `action` (`--dump-dom`, `--screenshot=…`).
-
-    `--virtual-time-budget` lets the page run its scripts and fetches for 20 s of virtual
-    time (paused while requests are pending) before the action, so the React app has
-    rendered. `--no-sandbox`: CI runs as root, where Chromium's sandbox refuses to start.
-    """
-    cmd = [browser, "--headless=new", "--no-sandbox", "--disable-gpu", "--no-first-run",
-           "--hide-scrollbars", f"--user-data-dir={profile}",
-           f"--window-size={WINDOW[0]},{WINDOW[1]}", "--virtual-time-budget=20000", *action, url]
-    return subprocess.run(cmd, capture_output=True, text=True, timeout=120)
 
 
 def test_mlflow_ui_serves_runs_and_heatmaps_and_renders_in_chromium(project, tmp_path):

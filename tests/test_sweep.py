@@ -9,6 +9,7 @@ not nested and writes where it always did.
 """
 import json
 import re
+import shutil
 import subprocess
 import sys
 from concurrent.futures import ThreadPoolExecutor
@@ -93,7 +94,9 @@ def test_a_sweep_is_one_parent_run_with_one_child_run_per_job(good_sweep):
     assert [c.data.tags["model"] for c in children] == ["transformer"] * 2
     assert parent.data.tags["model"] == "transformer"  # not swept: the jobs' model
     # what the jobs found: the parent by its tags, and the sweep's overrides in Hydra's multirun.yaml
-    assert [r.info.run_id for r in find_parents(mlflow_client(root), sweep_dir)] == [parent.info.run_id]
+    sweep_id = (sweep_dir / ".mlflow-sweep-id").read_text()
+    assert parent.data.tags["sweep.id"] == sweep_id
+    assert [r.info.run_id for r in find_parents(mlflow_client(root), sweep_id)] == [parent.info.run_id]
     assert "model.net.d_model=16,32" in sweep_overrides(sweep_dir)
 
 
@@ -205,6 +208,26 @@ def test_racing_jobs_all_get_the_same_parent(tmp_path):
     [parent] = runs(client)
     assert parent.info.run_id in ids and parent.info.run_name == "sweep-race"
     assert parent.info.status == "RUNNING"
+
+
+def test_the_parent_follows_its_sweep_dir_and_a_new_sweep_in_a_reused_path_gets_its_own(tmp_path):
+    """The sweep dir's id finds the parent: from a path with a quote in it, after the project
+    moved, and not for a new sweep in the folder of a deleted one."""
+    cfg = OmegaConf.create({"mlflow": {"tracking_uri": f"sqlite:///{tmp_path}/mlflow.db", "experiment": "attnlab",
+                                       "artifact_location": f"{tmp_path}/mlruns"}, "model": {"name": "transformer"}})
+    project = tmp_path / "O'Brien's project"
+    sweep_dir = project / "multirun/lr"
+    sweep_dir.mkdir(parents=True)
+    first = ensure_parent(cfg, sweep_dir)
+    assert ensure_parent(cfg, sweep_dir) == first
+    moved = tmp_path / "moved"
+    shutil.move(project, moved)
+    assert ensure_parent(cfg, moved / "multirun/lr") == first
+    shutil.rmtree(moved / "multirun/lr")
+    (moved / "multirun/lr").mkdir()
+    second = ensure_parent(cfg, moved / "multirun/lr")
+    assert second != first
+    assert {r.info.run_id for r in runs(mlflow_client(tmp_path))} == {first, second}
 
 
 @pytest.mark.parametrize("device, refused", [

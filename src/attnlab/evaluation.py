@@ -50,12 +50,14 @@ def evaluate_translation(cfg: DictConfig, net: nn.Module) -> Evaluation:
     tgt_lang, test_set, the decoding settings and the sacreBLEU signatures.
 
     Raises:
-        NoTestSplitError: ``data`` has no test split (``data.test_set`` unset).
+        NoTestSplitError: ``data`` has no test split (``data.test_set`` unset: D2L's fra_eng_d2l,
+            or the synthetic data of NW).
         DeviceUnavailableError: the device is not available here.
     """
     if cfg.data.get("test_set") is None:
-        raise NoTestSplitError(f"data={cfg.data.name} has no test split; D2L scores its models with "
-                               f"`python src/d2l_table.py data={cfg.data.name} model={cfg.model.name}`")
+        fix = (f"D2L scores its models with `python src/d2l_table.py data={cfg.data.name} model={cfg.model.name}`"
+               if cfg.data.get("tokenize") else f"model={cfg.model.name} translates: choose data=multi30k or data=fra_eng")
+        raise NoTestSplitError(f"data={cfg.data.name} has no test split; {fix}")
     device = single_device(cfg.device)
     tok_dir = Path(cfg.paths.tokenized)
     tokenizer = load_sentencepiece(tok_dir / "spm.model")

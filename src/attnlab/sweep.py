@@ -6,8 +6,10 @@ Each job of ``src/train.py`` calls :func:`sweep_job` first (a single run is left
 moves the job's outputs into its Hydra output dir, ``<sweep dir>/<job num>/``, and returns
 the tags of the job's run, ``mlflow.parentRunId`` (MLflow nests runs by it) among them. The
 parent, one per sweep and per tracking URI and experiment, is found by its tags
-(``sweep.parent``, ``sweep.dir``) or created by the first job that finds none, under a lock
-file in the sweep dir (parallel launchers, DDP ranks). What the sweep varies is read from the
+(``sweep.parent``, and ``sweep.id``: the random id the sweep dir keeps in ``.mlflow-sweep-id``,
+so a moved project finds its parents, and a new sweep in the folder of a deleted one gets its
+own) or created by the first job that finds none, under a lock file in the sweep dir (parallel
+launchers, DDP ranks). What the sweep varies is read from the
 ``multirun.yaml`` Hydra's sweeper saves in the sweep dir.
 
 :class:`MLflowSweepCallback` (``hydra.callbacks`` in ``conf/config.yaml``) ends the parents:
@@ -23,6 +25,8 @@ import fcntl
 import logging
 import os
 import re
+import uuid
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -172,10 +176,31 @@ def _client(cfg: DictConfig):
     return MlflowClient(tracking_uri=cfg.mlflow.tracking_uri)
 
 
-def find_parents(client, sweep_dir: Path, experiment_ids: list[str] | None = None, status: str = "") -> list:
-    """The parent runs of ``sweep_dir`` in ``experiment_ids`` (default: all), with ``status`` if given."""
+@contextmanager
+def _locked(sweep_dir: Path):
+    """The sweep dir's lock (``flock`` on ``.mlflow-parent.lock``), held for the block."""
+    sweep_dir.mkdir(parents=True, exist_ok=True)
+    with open(sweep_dir / ".mlflow-parent.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file closes
+        yield
+
+
+def _sweep_id(sweep_dir: Path) -> str:
+    """The sweep's id (32 hex digits) from ``<sweep dir>/.mlflow-sweep-id``, made there by the
+    first caller; call it under :func:`_locked`."""
+    path = sweep_dir / ".mlflow-sweep-id"
+    if not path.exists():
+        path.write_text(uuid.uuid4().hex)
+    return path.read_text().strip()
+
+
+def find_parents(client, sweep_id: str, experiment_ids: list[str] | None = None, status: str = "") -> list:
+    """The parent runs of the sweep ``sweep_id`` in ``experiment_ids`` (default: all), with
+    ``status`` if given. The id is hex digits: safe inside the filter string."""
+    if not re.fullmatch(r"[0-9a-f]+", sweep_id):
+        raise ValueError(f"sweep id {sweep_id!r} is not hex; delete the sweep dir's .mlflow-sweep-id")
     ids = experiment_ids or [e.experiment_id for e in client.search_experiments()]
-    query = f"tags.`sweep.parent` = 'true' AND tags.`sweep.dir` = '{sweep_dir}'"
+    query = f"tags.`sweep.parent` = 'true' AND tags.`sweep.id` = '{sweep_id}'"
     return client.search_runs(ids, query + (f" AND attributes.status = '{status}'" if status else ""))
 
 
@@ -185,15 +210,16 @@ def ensure_parent(cfg: DictConfig, sweep_dir: Path) -> str:
     and ``model``) if no job did yet."""
     uri, name = cfg.mlflow.tracking_uri, cfg.mlflow.experiment
     client = _client(cfg)
-    with open(sweep_dir / ".mlflow-parent.lock", "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file closes
+    with _locked(sweep_dir):
+        sweep_id = _sweep_id(sweep_dir)
         exp = client.get_experiment_by_name(name)
         exp_id = exp.experiment_id if exp else client.create_experiment(
             name, artifact_location=cfg.mlflow.get("artifact_location") if uri.startswith("sqlite:") else None)
-        if found := find_parents(client, sweep_dir, [exp_id]):
+        if found := find_parents(client, sweep_id, [exp_id]):
             return found[0].info.run_id
         sweep = sweep_overrides(sweep_dir) or []
-        tags = {"sweep.parent": "true", "sweep.dir": str(sweep_dir), "sweep.overrides": " ".join(sweep)[:_MAX_TAG],
+        tags = {"sweep.parent": "true", "sweep.id": sweep_id, "sweep.dir": str(sweep_dir),
+                "sweep.overrides": " ".join(sweep)[:_MAX_TAG],
                 "model": sweep_models(sweep, OmegaConf.select(cfg, "model.name", default=""))}
         run = client.create_run(exp_id, run_name=_parent_name(sweep_dir), tags=tags)
     log.info("sweep: MLflow parent run %s (%s) in %s", run.info.run_id, run.info.run_name, uri)
@@ -217,8 +243,10 @@ class MLflowSweepCallback(Callback):
     def on_multirun_start(self, config: DictConfig, **kwargs) -> None:
         if not HydraConfig.initialized():  # ${hydra:runtime.cwd} in the tracking URI resolves (as hydra#3439 does)
             HydraConfig.instance().set_config(config)
-        self._client, self._dir = _client(config), _sweep_dir(config.hydra)
-        for run in find_parents(self._client, self._dir):
+        self._client, sweep_dir = _client(config), _sweep_dir(config.hydra)
+        with _locked(sweep_dir):
+            self._id = _sweep_id(sweep_dir)
+        for run in find_parents(self._client, self._id):
             for key in [k for k in run.data.tags if k.startswith("sweep.failed.")]:
                 self._client.delete_tag(run.info.run_id, key)
             self._client.update_run(run.info.run_id, status="RUNNING")
@@ -231,8 +259,10 @@ class MLflowSweepCallback(Callback):
         err = job_return._return_value  # the exception (the return_value property raises it)
         error = str(err).partition("\n")[0]
         note = f"{' '.join(config.hydra.overrides.task)}: {type(err).__name__}: {error}"
-        client = _client(config)
-        for run in find_parents(client, _sweep_dir(config.hydra)):
+        client, sweep_dir = _client(config), _sweep_dir(config.hydra)
+        with _locked(sweep_dir):
+            sweep_id = _sweep_id(sweep_dir)
+        for run in find_parents(client, sweep_id):
             client.set_tag(run.info.run_id, f"sweep.failed.{config.hydra.job.num}", note[:_MAX_TAG])
             client.set_terminated(run.info.run_id, "FAILED")
 
@@ -240,6 +270,6 @@ class MLflowSweepCallback(Callback):
         self._end("FINISHED")
 
     def _end(self, status: str) -> None:
-        for run in find_parents(self._client, self._dir, status="RUNNING"):
+        for run in find_parents(self._client, self._id, status="RUNNING"):
             self._client.set_terminated(run.info.run_id, status)
             log.info("sweep: MLflow parent run %s %s", run.info.run_id, status)

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Sequence
 
@@ -198,20 +199,67 @@ def _pieces(tokenizer, ids, source: bool = False) -> list[str]:
     return [to_piece(int(i)) for i in ids]
 
 
-@torch.no_grad()
-def translation_heatmaps(net, tokenizer, sentences: Sequence[str], out_dir: Path,
-                         device="cpu", kinds: Sequence[str] | None = None,
-                         title_prefix: str = "") -> list[Path]:
-    """Attention maps of a seq2seq model for ``sentences``, one PNG per (sentence, kind, layer).
+@dataclass(frozen=True)
+class KindMaps:
+    """One attention kind of one sentence: its weights in every layer and the tokens on its axes.
 
-    Each sentence is greedy-decoded, then run once more teacher-forced on its own
-    output with weights recorded (identical to the weights seen while decoding,
-    by causality). Kinds: ``alignment`` (Bahdanau: target × source);
-    ``encoder_self``, ``decoder_self``, ``encoder_decoder`` (Transformer), heads
-    as panels. Axis labels are sentencepiece tokens. ``kinds`` keeps only those kinds
-    (``None``: all); a kind the model does not have is skipped. Files are named
-    ``sent<i>_<kind>_layer<l>.png``; returns their paths. ``title_prefix`` (e.g. ``"epoch 3, "``)
-    starts every title.
+    Attributes:
+        kind: ``encoder_self``, ``decoder_self``, ``encoder_decoder`` (Transformer) or
+            ``alignment`` (Bahdanau).
+        layers: one (H, Q, K) float32 CPU tensor per layer (H heads, 1 for Bahdanau; Q queries;
+            K keys); each row sums to 1 over the keys.
+        keys: the K key tokens; queries: the Q query tokens (sentencepiece pieces).
+        key_axis, query_axis: axis titles, e.g. ``"source (keys)"``, ``"target (queries)"``.
+    """
+    kind: str
+    layers: list[torch.Tensor]
+    keys: list[str]
+    queries: list[str]
+    key_axis: str
+    query_axis: str
+
+
+@dataclass(frozen=True)
+class SentenceMaps:
+    """The attention maps of one source sentence and its greedy translation.
+
+    Attributes:
+        sentence: the source text; translation: the detokenized greedy output.
+        kinds: kind → :class:`KindMaps`, every kind the model has, in the model's order.
+    """
+    sentence: str
+    translation: str
+    kinds: dict[str, KindMaps]
+
+
+KIND_AXES = {  # kind → (key tokens, query tokens, key axis title, query axis title)
+    "encoder_self": ("source", "source", "source (keys)", "source (queries)"),
+    "decoder_self": ("target_in", "target_out", "target prefix (keys)", "target (queries)"),
+    "encoder_decoder": ("source", "target_out", "source (keys)", "target (queries)"),
+    "alignment": ("source", "target_out", "source (keys)", "target (queries)"),
+}
+
+
+@torch.no_grad()
+def collect_translation_maps(net, tokenizer, sentences: Sequence[str],
+                             device="cpu") -> list[SentenceMaps]:
+    """The attention weights and token labels of a seq2seq model for ``sentences`` (no drawing).
+
+    Each sentence is greedy-decoded, then run once more teacher-forced on its own output
+    (``<bos>`` + output ids) with weights recorded by ``net.attention_maps``: identical to
+    the weights seen while decoding, by causality. Source tokens include the ``<eos>`` (and any
+    padding) the tokenizer's ``encode_sources`` adds; query rows are the output tokens + ``<eos>``.
+    ``net`` is put in eval mode while collecting and back in its mode afterwards.
+
+    Args:
+        net: a model with ``init_state``, ``step`` and ``attention_maps(src, valid, tgt_in)``
+            (``attnlab.models``); tokenizer: its tokenizer (``encode_sources``, ``decode``,
+            ``id_to_piece``, ``source_id_to_piece``); sentences: source texts.
+        device: where ``net`` is.
+    Returns:
+        One :class:`SentenceMaps` per sentence, in order.
+    Raises:
+        KeyError: ``net.attention_maps`` returned a kind that is not in :data:`KIND_AXES`.
     """
     from attnlab.data.tokenizer import BOS_ID, EOS_ID
     from attnlab.decoding import encode_sources, translate
@@ -219,28 +267,60 @@ def translation_heatmaps(net, tokenizer, sentences: Sequence[str], out_dir: Path
     was_training = net.training
     net.eval()
     outputs = translate(net.init_state, net.step, tokenizer, sentences, device=device)
-    paths = []
-    for i, (sentence, out_ids) in enumerate(zip(sentences, outputs)):
+    collected = []
+    for sentence, out_ids in zip(sentences, outputs):
         src, valid = encode_sources(tokenizer, [sentence])
         tgt_in = torch.tensor([[BOS_ID] + out_ids], dtype=torch.long)
         maps = net.attention_maps(src.to(device), valid.to(device), tgt_in.to(device))
-        src_labels = _pieces(tokenizer, src[0], source=True)
-        out_labels = _pieces(tokenizer, out_ids + [EOS_ID])
-        in_labels = _pieces(tokenizer, tgt_in[0])
-        axes = {"encoder_self": (src_labels, src_labels, "source (keys)", "source (queries)"),
-                "decoder_self": (in_labels, out_labels, "target prefix (keys)", "target (queries)"),
-                "encoder_decoder": (src_labels, out_labels, "source (keys)", "target (queries)"),
-                "alignment": (src_labels, out_labels, "source (keys)", "target (queries)")}
+        tokens = {"source": _pieces(tokenizer, src[0], source=True),
+                  "target_out": _pieces(tokenizer, out_ids + [EOS_ID]),
+                  "target_in": _pieces(tokenizer, tgt_in[0])}
+        kinds = {}
         for kind, layers in maps.items():
+            keys, queries, key_axis, query_axis = KIND_AXES[kind]
+            kinds[kind] = KindMaps(kind, [w[0].detach().float().cpu() for w in layers],  # (H, Q, K)
+                                   tokens[keys], tokens[queries], key_axis, query_axis)
+        collected.append(SentenceMaps(sentence, tokenizer.decode(out_ids), kinds))
+    net.train(was_training)
+    return collected
+
+
+def draw_translation_maps(collected: Sequence[SentenceMaps], out_dir: Path,
+                          kinds: Sequence[str] | None = None, title_prefix: str = "") -> list[Path]:
+    """One PNG per (sentence, kind, layer) of ``collected`` (:func:`collect_translation_maps`),
+    heads as panels, named ``sent<i>_<kind>_layer<l>.png`` (``i`` the sentence's position,
+    ``l`` 1-based) in ``out_dir``; returns their paths.
+
+    ``kinds`` keeps only those kinds (``None``: all); a kind a sentence does not have is
+    skipped. ``title_prefix`` (e.g. ``"epoch 3, "``) starts every title.
+    """
+    paths = []
+    for i, maps in enumerate(collected):
+        for kind, km in maps.kinds.items():
             if kinds is not None and kind not in kinds:
                 continue
-            xl, yl, xn, yn = axes[kind]
-            for layer, w in enumerate(layers, 1):  # w: (1, H, Q, K)
-                H = w.shape[1]
+            for layer, w in enumerate(km.layers, 1):  # w: (H, Q, K)
+                H = w.shape[0]
                 paths.append(heatmap_grid(
-                    w[0], xl, yl, f"{title_prefix}{kind} layer {layer}: {sentence!r} → {tokenizer.decode(out_ids)!r}",
+                    w, km.keys, km.queries,
+                    f"{title_prefix}{kind} layer {layer}: {maps.sentence!r} → {maps.translation!r}",
                     Path(out_dir) / f"sent{i}_{kind}_layer{layer}.png",
                     panel_titles=[f"head {h + 1}" for h in range(H)] if H > 1 else None,
-                    xlabel=xn, ylabel=yn))
-    net.train(was_training)
+                    xlabel=km.key_axis, ylabel=km.query_axis))
     return paths
+
+
+def translation_heatmaps(net, tokenizer, sentences: Sequence[str], out_dir: Path,
+                         device="cpu", kinds: Sequence[str] | None = None,
+                         title_prefix: str = "") -> list[Path]:
+    """Attention maps of a seq2seq model for ``sentences``, one PNG per (sentence, kind, layer):
+    :func:`collect_translation_maps` then :func:`draw_translation_maps`.
+
+    Kinds: ``alignment`` (Bahdanau: target × source); ``encoder_self``, ``decoder_self``,
+    ``encoder_decoder`` (Transformer), heads as panels. Axis labels are sentencepiece tokens.
+    ``kinds`` keeps only those kinds (``None``: all); a kind the model does not have is skipped.
+    Files are named ``sent<i>_<kind>_layer<l>.png``; returns their paths. ``title_prefix``
+    (e.g. ``"epoch 3, "``) starts every title.
+    """
+    return draw_translation_maps(collect_translation_maps(net, tokenizer, sentences, device),
+                                 out_dir, kinds, title_prefix)

@@ -5,7 +5,7 @@ from pathlib import Path
 
 import pytorch_lightning as pl
 import torch
-from torch.utils.data import DataLoader, Dataset, DistributedSampler
+from torch.utils.data import DataLoader, Dataset, DistributedSampler, default_collate
 
 from attnlab.data.batching import BucketBatchSampler, PairDataset, TokenBudgetBatchSampler, collate
 from attnlab.data.tokenizer import load_split, load_tokenizer
@@ -113,6 +113,21 @@ class TranslationDataModule(pl.LightningDataModule):
                 src, tgt = load_split(self.dir / f"{split}.npz")
                 self.splits[split] = PairDataset(src, tgt, self.max_len if split == "train" else None)
         return self.splits[split]
+
+    def fixed_batch(self, split: str, n: int) -> dict[str, torch.Tensor]:
+        """The first ``n`` pairs of ``split`` (all, if fewer) as one batch, in the training
+        batches' format (:mod:`attnlab.data.batching`: ``src``, ``src_valid_lens``, ``tgt_in``,
+        ``tgt_out``), on the CPU: a fixed sample, the same every epoch and on every rank.
+
+        Raises:
+            ValueError: ``n`` < 1 or an empty split.
+        """
+        ds = self.dataset(split)
+        if n < 1 or len(ds) == 0:
+            raise ValueError(f"a fixed batch of {n} pairs from the {len(ds)} of split {split!r}: "
+                             "give n ≥ 1 and a split with pairs")
+        items = [ds[i] for i in range(min(n, len(ds)))]
+        return default_collate(items) if self.fixed_length else collate(items)
 
     def _replicas(self) -> tuple[int, int]:
         """(world size, global rank) of the attached Trainer; (1, 0) without one."""

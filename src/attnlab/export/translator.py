@@ -60,8 +60,9 @@ def load_translator(export_dir: Path):
                                 "`python src/export.py model=<name>` or `dvc repro`")
     config = json.loads(cfg_path.read_text())
     if not (d / "step.pt").exists():  # a regression export holds model.pt alone
-        raise ValueError(f"{d} holds a {config.get('task')} model, not a translation model "
-                         "(no step.pt); pass a translation model's export, e.g. models/transformer")
+        raise ValueError(f"{d} has no step.pt: it is not a translation model's export (config.json "
+                         f"says task {config.get('task')!r}); pass one, e.g. models/transformer, or "
+                         "export it again with `python src/export.py model=<name>`")
     init_state = torch.jit.load(str(d / "init_state.pt"), map_location="cpu")
     step = torch.jit.load(str(d / "step.pt"), map_location="cpu")
     tokenizer = load_sentencepiece(d / "spm.model")

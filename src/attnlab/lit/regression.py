@@ -14,6 +14,7 @@ from torch.utils.data import DataLoader, TensorDataset
 from torchmetrics import MeanSquaredError
 
 from attnlab.data.synthetic import synthetic_from_config
+from attnlab.explorer import nw_explorer, write_explorer
 from attnlab.models.nadaraya_watson import NadarayaWatson, check_kernel, check_width, leave_one_out, nw_evaluation
 from attnlab.viz import nw_figures
 
@@ -82,18 +83,29 @@ class RegressionModule(pl.LightningModule):
         """Nothing beyond the model and data tags every run has."""
         return {}
 
-    def epoch_callbacks(self, cfg: DictConfig, out_dir: Path, logger) -> list[pl.Callback]:
+    def epoch_callbacks(self, cfg: DictConfig, folder: Path, logger) -> list[pl.Callback]:
         """None: the fit is drawn once, at the end."""
         return []
 
-    def figures(self, net: NadarayaWatson, out_dir: Path) -> list[Path]:
+    def figures(self, net: NadarayaWatson, folder: Path) -> list[Path]:
         """D2L 11.2's figures for the trained ``net`` (fit, weights, each kernel, the width sweep:
-        :func:`attnlab.viz.nw_figures`), written into ``out_dir``."""
+        :func:`attnlab.viz.nw_figures`) in ``<folder>/attention``, and the attention explorer of
+        the same fits (:func:`attnlab.explorer.nw_explorer`) in ``<folder>/explorer.html``."""
+        out_dir = Path(folder) / "attention"
         s, d = self.figure_settings, self.data
         ev = nw_evaluation(d, float(net.w.detach()), s["kernels"], s["width"], s["width_sweep"])
-        return nw_figures(d["x_train"], d["y_train"], d["x_test"], d["y_test"], ev["predictions"],
-                          ev["weights"], out_dir, kernels=ev["kernels"], width=s["width"],
-                          width_sweep=ev["width_sweep"], trained_w=ev["w"])
+        paths = nw_figures(d["x_train"], d["y_train"], d["x_test"], d["y_test"], ev["predictions"],
+                           ev["weights"], out_dir, kernels=ev["kernels"], width=s["width"],
+                           width_sweep=ev["width_sweep"], trained_w=ev["w"])
+        w = ev["w"]
+        trained = f"trained Gaussian: w = {w:.2f}, σ = {1 / abs(w) if w else float('inf'):.2f}"
+        fits = {trained: {"weights": ev["weights"],
+                          "prediction": ev["weights"] @ d["y_train"]},  # f(x) = Σ_i α_i(x) y_i
+                **{f"{k.capitalize()} kernel, σ = {s['width']:g}": f for k, f in ev["kernels"].items()},
+                **{f"Gaussian kernel, σ = {sigma:g}": f for sigma, f in ev["width_sweep"].items()}}
+        page = nw_explorer(d["x_train"], d["y_train"], d["x_test"], d["y_test"], fits,
+                           "Nadaraya–Watson regression (D2L 11.2): attention weights and fits")
+        return [*paths, write_explorer(Path(folder) / "explorer.html", page)]
 
 
 def full_batch_loader(x: torch.Tensor, y: torch.Tensor) -> DataLoader:

@@ -20,6 +20,7 @@ from attnlab.data.corpora import read_lines
 from attnlab.data.datamodule import TranslationDataModule
 from attnlab.data.tokenizer import PAD_ID
 from attnlab.decoding import translate_text
+from attnlab.heads import head_statistics
 from attnlab.lit.heatmaps import EpochHeatmaps
 from attnlab.loss import NonFiniteLossError, sequence_loss
 from attnlab.models import build_net
@@ -77,6 +78,7 @@ class TranslationModule(pl.LightningModule):
         self.tokenizer = None
         self.val_texts: tuple[list[str], list[str]] | None = None
         self.heatmap_sources: list[str] = []  # the sentences of the attention maps
+        self.stats_batch: dict[str, torch.Tensor] | None = None  # the head statistics' val pairs
         self._epoch_tokens = 0
         self._epoch_start = self._epoch_train_time = 0.0
 
@@ -131,8 +133,21 @@ class TranslationModule(pl.LightningModule):
         self.log("val_loss", self.val_loss, on_epoch=True, prog_bar=True)
 
     def on_validation_epoch_end(self):
-        if self.val_texts is None or self.tokenizer is None or self.trainer.sanity_checking:
+        if self.trainer.sanity_checking:
             return
+        if self.stats_batch is not None:
+            self._log_head_statistics()
+        if self.val_texts is not None and self.tokenizer is not None:
+            self._log_val_scores()
+
+    def _log_head_statistics(self):
+        """Entropy, confidence and diagonal offset of every head on ``stats_batch``
+        (:func:`attnlab.heads.head_statistics`); the same sample on every rank, so the same values."""
+        batch = {k: v.to(self.device) for k, v in self.stats_batch.items()}
+        for name, value in head_statistics(self.net, batch).items():
+            self.log(name, torch.tensor(value, dtype=torch.float64), sync_dist=True)
+
+    def _log_val_scores(self):
         sources, references = self.val_texts
         world, rank = self.trainer.world_size, self.trainer.global_rank
         sources, references = sources[rank::world], references[rank::world]
@@ -192,6 +207,8 @@ class TranslationModule(pl.LightningModule):
         module.tokenizer = dm.tokenizer
         module.val_texts = (sources[:n], read_lines(tok_dir / "val.tgt.txt")[:n])
         module.heatmap_sources = [sources[i] for i in cfg.heatmaps.sentences if i < len(sources)]
+        if cfg.heatmaps.head_stats_sentences:
+            module.stats_batch = dm.fixed_batch("val", cfg.heatmaps.head_stats_sentences)
         return module, (dm,)
 
     @staticmethod
@@ -199,11 +216,13 @@ class TranslationModule(pl.LightningModule):
         """What the MLflow run translates (``corpus``, ``src_lang``, ``tgt_lang``), in run-name order."""
         return {"corpus": cfg.data.name, "src_lang": cfg.data.src_lang, "tgt_lang": cfg.data.tgt_lang}
 
-    def epoch_callbacks(self, cfg: DictConfig, out_dir: Path, logger) -> list[pl.Callback]:
-        """The attention maps of ``heatmaps.epoch_kinds`` after every validation epoch."""
-        return [EpochHeatmaps(self.heatmap_sources, cfg.heatmaps.epoch_kinds, out_dir, logger)]
+    def epoch_callbacks(self, cfg: DictConfig, folder: Path, logger) -> list[pl.Callback]:
+        """After every validation epoch, the attention maps of ``heatmaps.epoch_kinds`` (PNGs in
+        ``<folder>/attention/epochs/``) and the explorer (``<folder>/explorer.html``)."""
+        return [EpochHeatmaps(self.heatmap_sources, cfg.heatmaps.epoch_kinds, folder / "attention", logger,
+                              explorer_path=folder / "explorer.html")]
 
-    def figures(self, net: torch.nn.Module, out_dir: Path) -> list[Path]:
+    def figures(self, net: torch.nn.Module, folder: Path) -> list[Path]:
         """The attention PNGs of ``net`` (the kept checkpoint's model) for the heatmap sentences:
-        every kind and layer (:func:`attnlab.viz.translation_heatmaps`), written into ``out_dir``."""
-        return translation_heatmaps(net, self.tokenizer, self.heatmap_sources, out_dir)
+        every kind and layer (:func:`attnlab.viz.translation_heatmaps`), in ``<folder>/attention``."""
+        return translation_heatmaps(net, self.tokenizer, self.heatmap_sources, folder / "attention")

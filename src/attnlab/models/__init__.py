@@ -5,10 +5,11 @@ In the chapter's order:
 * :mod:`attnlab.models.nadaraya_watson`: 11.2, attention pooling by similarity
   (Nadaraya–Watson kernel regression);
 * :mod:`attnlab.models.attention`: 11.3 scoring functions (masked softmax, additive and
-  scaled dot-product attention), 11.5 multi-head attention, 11.6 positional encoding,
-  11.7 the position-wise FFN and add & norm;
+  scaled dot-product attention), 11.5 multi-head attention (with head masks);
 * :mod:`attnlab.models.bahdanau`: 11.4, the Bahdanau attention seq2seq (GRU);
-* :mod:`attnlab.models.transformer`: 11.7, the Transformer encoder–decoder.
+* :mod:`attnlab.models.positional_encoding`: 11.6, sinusoidal positional encoding;
+* :mod:`attnlab.models.transformer`: 11.7, the position-wise FFN, add & norm, the blocks and
+  the Transformer encoder–decoder.
 
 Nothing here imports Lightning, Hydra, MLflow or the rest of attnlab
 (``tests/test_layout.py`` checks it): the lab (:mod:`attnlab.lit`, :mod:`attnlab.data`,

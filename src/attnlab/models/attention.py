@@ -209,6 +209,12 @@ class MultiHeadAttention(nn.Module):
         weights are kept. With ``hard=True`` the explicit-weights path is
         always used (the fused kernel has no hard mode) and the weights are
         kept whatever ``need_weights`` says.
+    Head mask (Michel et al. 2019, "Are Sixteen Heads Really Better than One?", eq. 2):
+        ``self.head_mask``, ``None`` (the default: no mask) or a float (H,) tensor set with
+        :meth:`set_head_mask`, multiplies each head's output before the output projection
+        W_o in every call (training, teacher forcing and incremental decoding alike): 0 removes
+        the head, 1 keeps it unchanged (an all-ones mask gives bitwise the unmasked outputs).
+        A masked head's projections receive no gradient.
     Raises:
         ValueError: if ``d_model`` is not divisible by ``num_heads``.
     """
@@ -229,6 +235,25 @@ class MultiHeadAttention(nn.Module):
         self.W_v = nn.Linear(d_model, d_model, bias=bias)
         self.W_o = nn.Linear(d_model, d_model, bias=bias)
         self.attention_weights: torch.Tensor | None = None
+        self.head_mask: torch.Tensor | None = None
+
+    def set_head_mask(self, mask: torch.Tensor | None) -> None:
+        """Mask heads from now on: ``mask`` (H,) (any real dtype, kept as float32 on the
+        module's device; 0 removes a head, 1 keeps it), or ``None`` to remove the mask.
+
+        Raises:
+            ValueError: ``mask`` is not of shape (H,).
+        """
+        if mask is not None:
+            mask = torch.as_tensor(mask, dtype=torch.float32, device=self.W_q.weight.device)
+            if mask.shape != (self.num_heads,):
+                raise ValueError(f"head mask of shape {tuple(mask.shape)}; this attention has "
+                                 f"{self.num_heads} heads: give a ({self.num_heads},) mask")
+        self.head_mask = mask
+
+    def _mask_heads(self, out: torch.Tensor) -> torch.Tensor:
+        """Per-head outputs (B, H, Q, d) times the head mask (none: unchanged)."""
+        return out if self.head_mask is None else out * self.head_mask.to(out.dtype)[:, None, None]
 
     def forward(self, queries, keys, values, valid_lens=None, need_weights: bool = True,
                 is_causal: bool = False):
@@ -254,6 +279,8 @@ class MultiHeadAttention(nn.Module):
             out = self.attention(q, k, v, valid_lens)  # (B·H, Q, d)
             self.attention_weights = self.attention.attention_weights.reshape(
                 B, self.num_heads, Q, K)
+            if self.head_mask is not None:
+                out = self._mask_heads(out.reshape(B, self.num_heads, Q, -1)).reshape(B * self.num_heads, Q, -1)
             return self.W_o(transpose_output(out, self.num_heads))  # (B, Q, d_model)
         self.attention_weights = None
         k, v = self.project_kv(keys, values)  # (B, H, K, d)
@@ -293,5 +320,5 @@ class MultiHeadAttention(nn.Module):
                                              is_causal=is_causal and mask is None)
         if empty is not None:  # rows with no valid key: zero, as masked_softmax does
             out = out.masked_fill(empty, 0.0)
-        out = out.transpose(1, 2).reshape(B, Q, -1)  # (B, Q, H·d)
+        out = self._mask_heads(out).transpose(1, 2).reshape(B, Q, -1)  # (B, Q, H·d)
         return self.W_o(out)  # (B, Q, d_model)

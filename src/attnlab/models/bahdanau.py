@@ -122,6 +122,11 @@ class Bahdanau(nn.Module):
                                            hidden.transpose(0, 1).contiguous(), proj_keys)
         return (self.dense(features[:, -1]), enc_outputs, src_valid_lens, hidden.transpose(0, 1), proj_keys)
 
+    def attention_layers(self) -> dict:
+        """None: the additive attention has one head, there is no multi-head attention to mask
+        (the Transformer's :meth:`~attnlab.models.transformer.Transformer.attention_layers`)."""
+        return {}
+
     def attention_maps(self, src, src_valid_lens, tgt_in):
         """Target-by-source alignment of a teacher-forced pass: {"alignment": [(B, 1, T, S)]}."""
         _, _, weights = self._decode(tgt_in, *self._start(src, src_valid_lens), record=True)

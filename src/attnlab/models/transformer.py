@@ -223,6 +223,33 @@ class Transformer(nn.Module):
         last = self.decoder_states(ys, enc_outputs, src_valid_lens)[:, -1]  # (B, d_model)
         return (self.output(last), enc_outputs, src_valid_lens)
 
+    def attention_layers(self) -> dict[str, list[MultiHeadAttention]]:
+        """The multi-head attentions by kind, each a list over layers (bottom first):
+        ``encoder_self``, ``decoder_self``, ``encoder_decoder`` (the kinds of :meth:`attention_maps`)."""
+        return {"encoder_self": [b.attention for b in self.encoder_blocks],
+                "decoder_self": [b.attention1 for b in self.decoder_blocks],
+                "encoder_decoder": [b.attention2 for b in self.decoder_blocks]}
+
+    def set_head_mask(self, masks: dict[str, torch.Tensor] | None) -> None:
+        """Mask heads of every layer (Michel et al. 2019): ``masks`` maps a kind of
+        :meth:`attention_layers` to an (L, H) tensor (0 removes a head, 1 keeps it); kinds
+        left out are unmasked. ``None`` removes every mask.
+
+        Raises:
+            ValueError: an unknown kind, or a mask that is not (L, H).
+        """
+        layers = self.attention_layers()
+        unknown = set(masks or {}) - set(layers)
+        if unknown:
+            raise ValueError(f"no attention kind {sorted(unknown)}; the kinds are {', '.join(layers)}")
+        for kind, attentions in layers.items():
+            mask = None if masks is None else masks.get(kind)
+            if mask is not None and tuple(mask.shape) != (len(attentions), attentions[0].num_heads):
+                raise ValueError(f"{kind} head mask of shape {tuple(mask.shape)}; give (layers, heads) = "
+                                 f"({len(attentions)}, {attentions[0].num_heads})")
+            for i, attention in enumerate(attentions):
+                attention.set_head_mask(None if mask is None else mask[i])
+
     def attention_maps(self, src, src_valid_lens, tgt_in):
         """Per-layer, per-head weights of one teacher-forced pass (for heatmaps).
 
