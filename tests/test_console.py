@@ -69,9 +69,14 @@ def test_dvc_stage_training_prints_epoch_lines_and_a_summary_that_match_mlflow(t
     (run,) = runs(client)
     run_id = run.info.run_id
     assert record["run_id"] == run_id
-    # the bar-only entries stay out of MLflow: its metric names are the documented ones
+    # the bar-only entries stay out of MLflow: its metric names are the documented ones, and the
+    # per-head statistics of every kind, layer and head (attnlab.heads)
+    per_head = {f"{stat}/{kind}/layer{layer}/head{head}" for stat in ("entropy", "confidence")
+                for kind in ("encoder_self", "decoder_self", "encoder_decoder")
+                for layer in (1, 2) for head in range(1, 5)}
+    per_head |= {f"diagonal_offset/encoder_decoder/layer{layer}/head{head}" for layer in (1, 2) for head in range(1, 5)}
     assert set(run.data.metrics) == {"train_loss", "val_loss", "val_bleu", "val_chrf", "tokens_per_sec",
-                                     "epoch"}
+                                     "epoch"} | per_head
     values = {k: [v for _, v in history(client, run_id, k)]
               for k in ("train_loss", "val_loss", "val_bleu", "val_chrf", "tokens_per_sec")}
     assert all(len(v) == EPOCHS for v in values.values()), values
