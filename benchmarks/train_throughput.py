@@ -46,7 +46,7 @@ from torch.nn import functional as F
 from attnlab.data.batching import PairDataset, TokenBudgetBatchSampler, collate, padding_fraction
 from attnlab.data.corpora import read_multi30k
 from attnlab.data.tokenizer import EOS_ID, PAD_ID, train_sentencepiece
-from attnlab.decoding import beam_search, encode_sources, greedy_decode
+from attnlab.decoding import beam_search, greedy_decode
 from attnlab.loss import sequence_loss
 from attnlab.models.transformer import Transformer
 
@@ -223,7 +223,7 @@ def main() -> None:
 
     net = models["attnlab"].eval()
     sources = [s for s, _ in val[: a.decode_sentences]]
-    src, valid = encode_sources(sp, sources)
+    src, valid = sp.encode_sources(sources)
     interfaces = {"cached": (net.init_state, without_eos(net.step)),
                   "uncached": (net.init_state_uncached, without_eos(net.step_uncached))}
     outputs = {}

@@ -2,7 +2,7 @@
 
 Michel et al. 2019 ("Are Sixteen Heads Really Better than One?"): validation BLEU (greedy,
 sacreBLEU, the first `head_importance.sentences` val sentences) with each head masked alone at
-inference, and as heads are pruned one by one, least important first (attnlab.heads). Writes
+inference, and as heads are pruned one by one, least important first (attnlab.pruning). Writes
 metrics/<model>.heads.json (BLEU unmasked and with half the heads pruned),
 plots/heads/<model>/ (importance.json, the whole result; importance.csv and pruning.csv for
 `dvc plots`; the two figures), and logs the figures, the table and `heads_pruned_half_bleu` to the
@@ -23,7 +23,7 @@ from attnlab.data.tokenizer import load_sentencepiece
 from attnlab.decoding import translate_text
 from attnlab.files import write_json_atomic, write_text_atomic
 from attnlab.head_figures import importance_map, pruning_curve
-from attnlab.heads import head_importance, importance_grid
+from attnlab.pruning import head_importance, importance_grid
 from attnlab.metrics import corpus_scores
 from attnlab.tracking import log_to_run, prepare_store, read_run_record
 

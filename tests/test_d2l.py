@@ -16,7 +16,6 @@ import torch
 from attnlab.data import d2l
 from attnlab.data.datamodule import TranslationDataModule
 from attnlab.data.tokenizer import BOS_ID, EOS_ID, PAD_ID, UNK_ID, load_tokenizer
-from attnlab.decoding import encode_sources
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -116,7 +115,7 @@ def test_build_matches_d2ls_printed_example(mt):
     assert tok.src_vocab.to_tokens(a["src"][0]) == ["hi", ".", "<eos>"] + ["<pad>"] * 6
     assert tok.tgt_vocab.to_tokens(torch.cat([a["tgt_in"][0], a["tgt_out"][0, -1:]])) == \
         ["<bos>", "salut", ".", "<eos>"] + ["<pad>"] * 6
-    src, valid = encode_sources(tok, ["Hi."])  # the same through the pipeline's entry point
+    src, valid = tok.encode_sources(["Hi."])  # the same through the pipeline's entry point
     assert torch.equal(src, a["src"]) and valid.tolist() == [3]
 
 

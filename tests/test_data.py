@@ -182,7 +182,6 @@ def test_sentencepiece_tokenizer_has_the_shared_interface_and_pickles(sp, tmp_pa
 
     from attnlab.data.datamodule import TranslationDataModule
     from attnlab.data.tokenizer import SentencePieceTokenizer, load_sentencepiece, load_tokenizer
-    from attnlab.decoding import encode_sources
 
     assert isinstance(sp, SentencePieceTokenizer) and sp.fixed_length is False
     assert sp.source_vocab_size() is None and sp.source_id_to_piece(EOS_ID) == sp.id_to_piece(EOS_ID)
@@ -190,7 +189,6 @@ def test_sentencepiece_tokenizer_has_the_shared_interface_and_pickles(sp, tmp_pa
     assert type(again) is SentencePieceTokenizer and again.get_piece_size() == sp.get_piece_size()
     text = ["A dog.", "Un chien regarde la mer."]
     assert all(torch.equal(a, b) for a, b in zip(again.encode_sources(text), sp.encode_sources(text)))
-    assert all(torch.equal(a, b) for a, b in zip(encode_sources(sp, text), sp.encode_sources(text)))
     pairs = [(e, f) for e, f, _ in sentences()[:8]]
     (tmp_path / "spm.model").write_bytes(sp.serialized_model_proto())
     for split in ("train", "val"):

@@ -5,10 +5,11 @@ import math
 import pytest
 import torch
 
-from attnlab.heads import diagonal_offset, head_importance, head_names, head_statistics, row_statistics
+from attnlab.heads import diagonal_offset, head_statistics, row_statistics
 from attnlab.models.attention import MultiHeadAttention
 from attnlab.models.bahdanau import Bahdanau
 from attnlab.models.transformer import Transformer
+from attnlab.pruning import head_importance, head_names
 
 # --- statistics -------------------------------------------------------------------------
 

@@ -160,15 +160,6 @@ def has_text(sentence: str) -> bool:
     return any(unicodedata.category(ch) not in ("Cc", "Cf", "Zs", "Zl", "Zp") for ch in sentence)
 
 
-def encode_sources(tokenizer, sentences: Sequence[str]) -> tuple[torch.Tensor, torch.Tensor]:
-    """Sentences → (src (B, S) with <eos> and <pad>, src_valid_lens (B,)), int64: the
-    tokenizer's own ``encode_sources``. S is the longest sentence + 1 for sentencepiece
-    (:class:`attnlab.data.tokenizer.SentencePieceTokenizer`), D2L's ``num_steps`` for its
-    word vocabularies (:class:`attnlab.data.d2l.D2LTokenizer`).
-    """
-    return tokenizer.encode_sources(sentences)
-
-
 def translate(init_state: Callable, step: Callable, tokenizer, sentences: Sequence[str],
               batch_size: int = 128, device: torch.device | str = "cpu",
               beam_size: int = 1, alpha: float = 0.0) -> list[list[int]]:
@@ -189,7 +180,7 @@ def translate(init_state: Callable, step: Callable, tokenizer, sentences: Sequen
     out: list[list[int]] = [[] for _ in sentences]
     for b in range(0, len(order), batch_size):
         idx = order[b : b + batch_size]
-        src, valid = encode_sources(tokenizer, [sentences[i] for i in idx])
+        src, valid = tokenizer.encode_sources([sentences[i] for i in idx])
         text = torch.tensor([has_text(sentences[i]) for i in idx], dtype=torch.bool)
         rows = (text & (valid > 1)).nonzero()[:, 0]  # a source of <eos> alone: nothing to do
         if len(rows) == 0:

@@ -187,11 +187,17 @@ def _locked(sweep_dir: Path):
 
 def _sweep_id(sweep_dir: Path) -> str:
     """The sweep's id (32 hex digits) from ``<sweep dir>/.mlflow-sweep-id``, made there by the
-    first caller; call it under :func:`_locked`."""
+    first caller; call it under :func:`_locked` (or use :func:`_locked_sweep_id`)."""
     path = sweep_dir / ".mlflow-sweep-id"
     if not path.exists():
         path.write_text(uuid.uuid4().hex)
     return path.read_text().strip()
+
+
+def _locked_sweep_id(sweep_dir: Path) -> str:
+    """:func:`_sweep_id` under the sweep dir's lock."""
+    with _locked(sweep_dir):
+        return _sweep_id(sweep_dir)
 
 
 def find_parents(client, sweep_id: str, experiment_ids: list[str] | None = None, status: str = "") -> list:
@@ -243,9 +249,7 @@ class MLflowSweepCallback(Callback):
     def on_multirun_start(self, config: DictConfig, **kwargs) -> None:
         if not HydraConfig.initialized():  # ${hydra:runtime.cwd} in the tracking URI resolves (as hydra#3439 does)
             HydraConfig.instance().set_config(config)
-        self._client, sweep_dir = _client(config), _sweep_dir(config.hydra)
-        with _locked(sweep_dir):
-            self._id = _sweep_id(sweep_dir)
+        self._client, self._id = _client(config), _locked_sweep_id(_sweep_dir(config.hydra))
         for run in find_parents(self._client, self._id):
             for key in [k for k in run.data.tags if k.startswith("sweep.failed.")]:
                 self._client.delete_tag(run.info.run_id, key)
@@ -259,10 +263,8 @@ class MLflowSweepCallback(Callback):
         err = job_return._return_value  # the exception (the return_value property raises it)
         error = str(err).partition("\n")[0]
         note = f"{' '.join(config.hydra.overrides.task)}: {type(err).__name__}: {error}"
-        client, sweep_dir = _client(config), _sweep_dir(config.hydra)
-        with _locked(sweep_dir):
-            sweep_id = _sweep_id(sweep_dir)
-        for run in find_parents(client, sweep_id):
+        client = _client(config)
+        for run in find_parents(client, _locked_sweep_id(_sweep_dir(config.hydra))):
             client.set_tag(run.info.run_id, f"sweep.failed.{config.hydra.job.num}", note[:_MAX_TAG])
             client.set_terminated(run.info.run_id, "FAILED")
 

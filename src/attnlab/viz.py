@@ -262,14 +262,14 @@ def collect_translation_maps(net, tokenizer, sentences: Sequence[str],
         KeyError: ``net.attention_maps`` returned a kind that is not in :data:`KIND_AXES`.
     """
     from attnlab.data.tokenizer import BOS_ID, EOS_ID
-    from attnlab.decoding import encode_sources, translate
+    from attnlab.decoding import translate
 
     was_training = net.training
     net.eval()
     outputs = translate(net.init_state, net.step, tokenizer, sentences, device=device)
     collected = []
     for sentence, out_ids in zip(sentences, outputs):
-        src, valid = encode_sources(tokenizer, [sentence])
+        src, valid = tokenizer.encode_sources([sentence])
         tgt_in = torch.tensor([[BOS_ID] + out_ids], dtype=torch.long)
         maps = net.attention_maps(src.to(device), valid.to(device), tgt_in.to(device))
         tokens = {"source": _pieces(tokenizer, src[0], source=True),

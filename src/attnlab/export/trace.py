@@ -18,7 +18,6 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from attnlab.decoding import encode_sources
 from attnlab.export.translator import (DEFAULT_MAX_INPUT_CHARS, DEFAULT_MAX_REQUEST_CHARS,
                                        DEFAULT_MAX_REQUEST_SENTENCES, DEFAULT_MAX_REQUEST_TOKENS)
 from attnlab.files import staged_dir
@@ -122,7 +121,7 @@ def export_translation(net: nn.Module, tokenizer_path: Path, out_dir: Path, conf
 
     net = net.eval().cpu()
     sp = load_sentencepiece(tokenizer_path)
-    src, valid = encode_sources(sp, ["a first example sentence .", "two"])
+    src, valid = sp.encode_sources(["a first example sentence .", "two"])
     out_dir = Path(out_dir)
     with staged_dir(out_dir) as tmp, torch.no_grad():
         state = net.init_state(src, valid)
