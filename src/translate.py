@@ -4,6 +4,8 @@
     python src/translate.py model=transformer +text="A dog." +text="Two girls sing."
     printf 'A dog runs.\nTwo girls sing.\n' | python src/translate.py model=bahdanau
     python src/translate.py model=transformer model.decoding.beam_size=1 +text="…"   # greedy
+    python src/translate.py model=transformer +text="A dog runs." +show_attention=true
+    python src/translate.py model=transformer engine=ctranslate2_int8 < sentences.txt  # CTranslate2
 
 Sentences reach the model verbatim. Each ``+text=…`` argument (also ``text=…``,
 ``++text=…``) is one sentence: everything after its first ``=`` exactly as the shell
@@ -14,12 +16,19 @@ line. All other arguments are Hydra overrides (settings). One line out per sente
 in; a sentence with nothing to translate (empty, spaces, invisible characters) gives an
 empty line; a sentence longer than the export's limit (config.json →
 serving.max_input_chars) is an error, as in the served model.
+
+``+show_attention=true`` also draws the cross attention of every translation printed (the
+Transformer's encoder–decoder attention, every layer and head; Bahdanau's alignment): one PNG
+per sentence and layer and one explorer page for all of them, in the run's Hydra output
+folder (``outputs/<date>/<time>/attention/``); where is said on stderr, so stdout stays one
+line per sentence.
 """
 import re
 import sys
 from pathlib import Path
 
 import hydra
+from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig
 
 from attnlab.export.translator import Translator
@@ -41,11 +50,28 @@ def take_sentences(argv: list[str]) -> tuple[list[str], list[str]]:
 @hydra.main(version_base="1.3", config_path="../conf", config_name="config")
 def main(cfg: DictConfig) -> None:
     dec = cfg.model.decoding  # the same beam settings as evaluate
-    translator = Translator(Path(cfg.paths.models) / cfg.model.name,
-                            beam_size=dec.beam_size, alpha=dec.alpha)
+    try:
+        translator = Translator(Path(cfg.paths.models) / cfg.model.name,
+                                beam_size=dec.beam_size, alpha=dec.alpha, engine=cfg.engine)
+    except (FileNotFoundError, ValueError) as e:
+        raise SystemExit(f"translate: {e}") from None
     sentences = _sentences or [line.rstrip("\r\n") for line in sys.stdin]
-    for line in translator(sentences):
-        print(line)
+    if not cfg.get("show_attention"):
+        for line in translator(sentences):
+            print(line)
+        return
+    from attnlab.alignment_view import show_alignments  # matplotlib and bokeh: only when asked
+
+    alignments = translator.align(sentences)
+    for a in alignments:
+        print(a.translation)
+    out_dir = Path(HydraConfig.get().runtime.output_dir) / "attention"
+    pngs, page = show_alignments(sentences, alignments, out_dir, f"{cfg.model.name}: your sentences")
+    if page is None:
+        print("attention: nothing was translated, so there is nothing to draw", file=sys.stderr)
+    else:
+        print(f"attention: {len(pngs)} PNG in {out_dir} (sent<i>_<kind>_layer<l>.png), "
+              f"explorer: {page}", file=sys.stderr)
 
 
 if __name__ == "__main__":

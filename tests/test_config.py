@@ -7,6 +7,8 @@ import pytest
 from hydra import compose, initialize_config_dir
 from hydra.errors import ConfigCompositionException, MissingConfigException
 
+import attnlab  # noqa: F401  (registers the resolvers conf/ uses, as the apps do)
+
 ROOT = Path(__file__).resolve().parents[1]
 CONF = str(ROOT / "conf")
 
@@ -107,8 +109,6 @@ def test_profile_applies_only_to_its_pair(monkeypatch):
     ("/home/me/.dvc/tmp/exps", "/home/me/.dvc/tmp/exps"),  # the folder itself is no workspace
 ])
 def test_runs_in_dvcs_temporary_workspace_track_to_the_project(monkeypatch, root, project):
-    import attnlab  # noqa: F401  (registers ${dvc_project:…})
-
     cfg = _compose([], monkeypatch, root=root)
     assert cfg.paths.tracking_root == project
     assert cfg.mlflow.tracking_uri == f"sqlite:///{project}/mlflow.db"
@@ -131,7 +131,36 @@ def test_trainer_full_extends_default_with_only_its_changes(monkeypatch):
     assert own and all(base[k] != v for k, v in own.items()), "full.yaml repeats a default value"
     composed = OmegaConf.to_container(_compose(["trainer=full"], monkeypatch).trainer)
     assert composed == {**base, **own}
-    assert composed["max_epochs"] == 40 and composed["precision"] == "bf16-mixed"
+    assert composed["max_epochs"] == 40
+    assert composed["precision"] == "${bf16_if_supported:${device.accelerator}}"
+
+
+@pytest.mark.parametrize("flags, device, expected", [
+    ({"avx2", "avx512f"}, "cpu", "32-true"), ({"avx2", "avx512_bf16"}, "cpu", "bf16-mixed"),
+    ({"amx_bf16"}, "cpu", "bf16-mixed"), ({"avx2", "avx512_bf16"}, "auto", "bf16-mixed"),
+    (set(), "auto", "32-true")])
+def test_trainer_full_chooses_bf16_where_the_cpu_has_bf16_units(monkeypatch, flags, device, expected):
+    import torch
+    from attnlab import config
+
+    monkeypatch.setattr(config, "cpu_flags", lambda: set(flags))
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    cfg = _compose(["trainer=full", f"device={device}"], monkeypatch)
+    assert cfg.trainer.precision == expected
+    assert _compose(["trainer=full", "trainer.precision=32-true"], monkeypatch).trainer.precision == "32-true"
+
+
+@pytest.mark.parametrize("bf16, expected", [(True, "bf16-mixed"), (False, "32-true")])
+def test_trainer_full_on_a_gpu_asks_cuda_for_bf16(monkeypatch, bf16, expected):
+    import torch
+    from attnlab import config
+
+    monkeypatch.setattr(config, "cpu_flags", lambda: {"avx512_bf16"})  # the GPU decides, not the CPU
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda *a, **k: bf16)
+    assert _compose(["trainer=full", "device=gpu"], monkeypatch).trainer.precision == expected
+    assert _compose(["trainer=full", "device=auto"], monkeypatch).trainer.precision == expected
+    assert config.bf16_if_supported("mps") == "32-true"
 
 
 @pytest.mark.parametrize("model", ["bahdanau", "transformer"])

@@ -1,11 +1,14 @@
 """Models: Nadaraya–Watson by hand, seq2seq shapes, causality, decoding, export equivalence."""
+import json
 import math
+import warnings
 
 import pytest
 import torch
 
 from attnlab.data.tokenizer import BOS_ID, EOS_ID, PAD_ID, train_sentencepiece
 from attnlab.decoding import greedy_decode, translate
+from attnlab.export.program import can_compile
 from attnlab.export.trace import export_translation
 from attnlab.export.translator import load_translator
 from attnlab.models.bahdanau import Bahdanau
@@ -143,6 +146,48 @@ def test_export_decodes_the_same_tokens(kind, tiny_spm, tmp_path):
     texts = [e for e, _, _ in sentences()[:7]] + ["", "A dog."]
     assert translate(init_state, step, tok, texts, batch_size=4) == \
         translate(net.init_state, net.step, sp, texts, batch_size=4)
+
+
+def _export_recording_warnings(net, spm, folder, **kwargs) -> tuple[dict, list]:
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        export_translation(net, spm, folder, {"model": type(net).__name__}, **kwargs)
+    return json.loads((folder / "config.json").read_text())["runtime"], caught
+
+
+def test_the_transformer_exports_with_torch_export_and_bahdanau_keeps_torchscript_saying_why(
+        tiny_spm, tmp_path):
+    V = 120
+    runtime, caught = _export_recording_warnings(Transformer(V, 16, 2, 2, 32, 0.0).eval(), tiny_spm,
+                                                 tmp_path / "t")
+    assert runtime == {"format": "torch.export", "compiled": {}, "files": {
+        "init_state": "init_state.pt2", "step": "step.pt2", "attention": "attention.pt2"}}
+    assert not list((tmp_path / "t").glob("*.pt"))
+    assert not [w for w in caught if "torch.jit" in str(w.message)]  # nothing deprecated is used
+    # torch.export unrolls aten::gru over the example's source length (and cannot trace packed
+    # sequences): Bahdanau stays on TorchScript, whose deprecation warning is not silenced.
+    runtime, caught = _export_recording_warnings(Bahdanau(V, 8, 16, 2, 0.0).eval(), tiny_spm,
+                                                 tmp_path / "b")
+    assert runtime["format"] == "torchscript" and runtime["why_torchscript"].startswith("torch.export: ")
+    assert sorted(p.name for p in (tmp_path / "b").glob("*.pt")) == ["attention.pt", "init_state.pt", "step.pt"]
+    assert any(issubclass(w.category, DeprecationWarning) and "torch.jit.trace" in str(w.message)
+               for w in caught)
+
+
+@pytest.mark.skipif(not can_compile(), reason="AOTInductor builds target x86-64 with AVX2")
+def test_the_aotinductor_step_decodes_the_checkpoints_tokens(tiny_spm, tmp_path):
+    from attnlab.data.tokenizer import load_sentencepiece
+    sp = load_sentencepiece(tiny_spm)
+    torch.manual_seed(2)
+    net = Transformer(sp.get_piece_size(), 16, 2, 2, 32, 0.0).eval()
+    runtime, _ = _export_recording_warnings(net, tiny_spm, tmp_path / "t", compile=True)
+    assert runtime["compiled"] == {"step": "step.aoti.pt2"} and runtime["isa"] == "avx2"
+    init_state, step, tok, _ = load_translator(tmp_path / "t")
+    assert not isinstance(step, torch.nn.Module)  # the compiled package, not the program
+    texts = [e for e, _, _ in sentences()[:12]] + ["", "A dog, «naïve» café."]
+    for beam in (1, 4):
+        assert translate(init_state, step, tok, texts, batch_size=5, beam_size=beam, alpha=1.0) == \
+            translate(net.init_state, net.step, sp, texts, batch_size=5, beam_size=beam, alpha=1.0)
 
 
 def test_load_translator_missing_folder_names_the_fix(tmp_path):

@@ -341,6 +341,49 @@ HOSTILE = ["A man's dog runs.", 'He said "hello" to her.', "a = b", "red, white,
            "Deux chiens\u202f!", ""]
 
 
+@pytest.mark.parametrize("model", SEQ2SEQ)
+def test_translate_py_shows_the_attention_of_the_translation_it_printed(project, tmp_path, model):
+    """`+show_attention=true` on the pipeline's own export: the printed line is the translation,
+    the PNGs and the explorer page hold the weights the checkpoint's own forward pass gives."""
+    from attnlab.data.special_tokens import BOS_ID
+    from attnlab.explorer import decode_weights, read_data
+    from attnlab.export.translator import Translator
+    from attnlab.lit.translation import TranslationModule
+
+    sentence = (project / "data/tokenized/multi30k-en-fr/test.src.txt").read_text().splitlines()[0]
+    run = subprocess.run([sys.executable, "src/translate.py", f"model={model}", f"+text={sentence}",
+                          "+show_attention=true", f"hydra.run.dir={tmp_path}"], cwd=project,
+                         env=project.env, capture_output=True, text=True, timeout=300)
+    assert run.returncode == 0, run.stderr[-2000:]
+    translator = Translator(project / f"models/{model}")
+    (a,) = translator.align([sentence])
+    assert run.stdout == a.translation + "\n" and f"explorer: {tmp_path / 'attention'}" in run.stderr
+    net = TranslationModule.load_from_checkpoint(project / f"checkpoints/{model}/best.ckpt",
+                                                 map_location="cpu", weights_only=True).net.eval()
+    src, valid = translator.tokenizer.encode_sources([sentence])
+    ids = [translator.tokenizer.piece_to_id(t) for t in a.target_tokens]
+    maps = net.attention_maps(src, valid, torch.tensor([[BOS_ID] + ids[:-1]]))[a.kind]
+    torch.testing.assert_close(a.weights, torch.stack(maps, 1)[0], atol=1e-5, rtol=0)
+    assert sorted(p.name for p in (tmp_path / "attention").glob("*.png")) == [
+        f"sent0_{a.kind}_layer{layer}.png" for layer in range(1, a.weights.shape[0] + 1)]
+    page = read_data((tmp_path / "attention/explorer.html").read_text())
+    layers = page["epochs"][0]["sentences"][0]["kinds"][a.kind]["layers"]
+    assert max(abs(decode_weights(e) - w.double().numpy()).max() for e, w in zip(layers, a.weights)) < 1e-5
+
+
+def test_the_transformer_export_holds_its_engines(project):
+    """The export stage's Transformer folder: torch.export programs (the step also built with
+    AOTInductor where this CPU can), CTranslate2 float32 and int8; Bahdanau: TorchScript, torch."""
+    from attnlab.export.program import can_compile
+
+    config = json.loads((project / "models/transformer/config.json").read_text())
+    assert config["runtime"]["format"] == "torch.export"
+    assert config["runtime"]["compiled"] == ({"step": "step.aoti.pt2"} if can_compile() else {})
+    assert config["engines"] == ["torch", "ctranslate2", "ctranslate2_int8"]
+    bahdanau = json.loads((project / "models/bahdanau/config.json").read_text())
+    assert bahdanau["runtime"]["format"] == "torchscript" and bahdanau["engines"] == ["torch"]
+
+
 def test_translate_py_takes_any_sentence_verbatim(project):
     """`+text=…` arguments and stdin lines reach the exported model exactly as typed: the output
     lines equal the export's Translator on the same strings (and "" for those with no text)."""

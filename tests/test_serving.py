@@ -15,6 +15,7 @@ import mlflow
 import pandas as pd
 import pytest
 import sentencepiece as spm
+import torch
 from mlflow.exceptions import MlflowException
 
 from attnlab.data.tokenizer import train_sentencepiece
@@ -40,7 +41,8 @@ def store(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("serving")
     sp = train_sentencepiece([s for pair in PAIRS for s in pair], tmp / "spm", vocab_size=120)
     export_dir = export_translation(learned_transformer(sp), tmp / "spm.model", tmp / "export",
-                                    {"model": "transformer", "decoding": DECODING}, MAX_CHARS)
+                                    {"model": "transformer", "decoding": DECODING}, MAX_CHARS,
+                                    ctranslate2=["float32"])
     uri = f"sqlite:///{tmp}/mlflow.db"  # tmp is absolute: sqlite:////…
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv("MLFLOW_TRACKING_URI", uri)  # restored afterwards, whatever log_served_model sets
@@ -100,6 +102,17 @@ def test_pyfunc_translates_like_translate_py(store):
     assert model.predict(nothing + [SOURCES[0]]) == [""] * len(nothing) + [store["expected"][0]]
     assert model.metadata.metadata["max_input_chars"] == MAX_CHARS
     assert model.metadata.get_input_schema().input_types()[0].name == "string"
+
+
+def test_pyfunc_returns_alignments_only_when_asked(store):
+    model = mlflow.pyfunc.load_model("models:/attnlab-transformer/1")
+    params = model.metadata.get_params_schema().params
+    assert [(p.name, p.dtype.name, p.default) for p in params] == [
+        ("alignments", "boolean", False), ("engine", "string", "torch")]
+    expected = [a.as_json() for a in Translator(store["export_dir"]).align(SOURCES[:2])]
+    assert model.predict(SOURCES[:2], params={"alignments": True}) == expected
+    assert [a["translation"] for a in expected] == store["expected"][:2]
+    assert model.predict(SOURCES[:2], params={"alignments": False}) == store["expected"][:2]
 
 
 def test_pyfunc_refuses_input_over_the_limit(store):
@@ -190,6 +203,22 @@ def test_mlflow_models_serve_answers_requests(store):
         status, body = post(f"{base}/invocations", {"inputs": SOURCES + [""]})
         assert status == 200, body
         assert body == {"predictions": store["expected"] + [""]}
+
+        status, body = post(f"{base}/invocations", {"inputs": SOURCES[:2], "params": {"alignments": True}})
+        assert status == 200, body
+        expected = [a.as_json() for a in Translator(store["export_dir"]).align(SOURCES[:2])]
+        assert [a["translation"] for a in body["predictions"]] == store["expected"][:2]
+        for got, want in zip(body["predictions"], expected):  # JSON floats: equal to float32 eps
+            assert {k: v for k, v in got.items() if k not in ("alignment", "attention")} == \
+                {k: v for k, v in want.items() if k not in ("alignment", "attention")}
+            for key in ("alignment", "attention"):
+                assert torch.allclose(torch.tensor(got[key]), torch.tensor(want[key]), atol=1e-7)
+
+        status, body = post(f"{base}/invocations", {"inputs": SOURCES, "params": {"engine": "ctranslate2"}})
+        assert status == 200, body
+        assert body == {"predictions": Translator(store["export_dir"], engine="ctranslate2")(SOURCES)}
+        status, body = post(f"{base}/invocations", {"inputs": SOURCES, "params": {"engine": "ctranslate2_int8"}})
+        assert status == 400 and "'ctranslate2_int8' is not in this export" in body["message"]
 
         status, body = post(f"{base}/invocations", {"inputs": [SOURCES[0], TOO_LONG]})
         assert status == 400

@@ -8,6 +8,13 @@ Input: a list of English sentences (``{"inputs": [...]}`` over HTTP, or a list
 or one-column DataFrame in Python). Output: one French string per sentence,
 decoded exactly as ``src/translate.py`` does (:class:`attnlab.export.translator.Translator`:
 the export's beam settings; "" → "").
+With the param ``alignments`` true (``{"inputs": [...], "params": {"alignments": true}}``;
+``params={"alignments": True}`` in Python) each answer is instead an object: the translation,
+its source and target pieces and the cross attention that produced it
+(:meth:`attnlab.export.translator.Alignment.as_json`; README "Alignments").
+The param ``engine`` chooses the decoder among those the export holds
+(:data:`attnlab.export.translator.ENGINES`: ``torch``, the default; ``ctranslate2`` and
+``ctranslate2_int8`` for a Transformer); another is an HTTP 400 naming those it has.
 
 A request is checked before anything is decoded (:meth:`attnlab.export.translator.Translator.check_request`):
 no sentence; more than ``serving.max_request_sentences`` sentences (default 32),
@@ -51,7 +58,8 @@ class TranslationModel(mlflow.pyfunc.PythonModel):
 
     def predict(self, context, model_input: list[str], params=None) -> list[str]:
         """Translate each sentence; list of N str (1 ≤ N ≤ ``max_request_sentences``) →
-        list of N str, input order.
+        list of N str, input order; with ``params={"alignments": True}`` a list of N dicts
+        (:meth:`attnlab.export.translator.Alignment.as_json`).
 
         Raises:
             MlflowException: INVALID_PARAMETER_VALUE (HTTP 400), nothing decoded, if the
@@ -60,7 +68,9 @@ class TranslationModel(mlflow.pyfunc.PythonModel):
                 message names the problem, the limit and its ``serving.*`` setting.
         """
         try:
-            return self.translator.serve(model_input)
+            params = params or {}
+            return self.translator.serve(model_input, alignments=bool(params.get("alignments")),
+                                         engine=params.get("engine") or None)
         except (InputTooLongError, InvalidRequestError) as e:
             raise MlflowException(str(e), error_code=INVALID_PARAMETER_VALUE) from None
 

@@ -13,10 +13,13 @@ from __future__ import annotations
 from pathlib import Path
 
 from attnlab.export.requirements import SERVING_CODE, served_requirements
-from attnlab.export.translator import Translator
+from attnlab.export.translator import DEFAULT_ENGINE, Translator
 
 EXPORT_ARTIFACT = "export"  # key of the export folder in the pyfunc's context.artifacts
 SERVING_EXAMPLE = ["A man rides a bike."]
+# The served model's params and their defaults (its signature's param schema): alignments=true
+# answers each sentence with its cross attention, engine chooses the decoder (attnlab.serving).
+SERVING_PARAMS = {"alignments": False, "engine": DEFAULT_ENGINE}
 CHAMPION = "champion"  # registry alias of the newest version of each registered model
 
 
@@ -89,7 +92,7 @@ def log_served_model(export_dir: Path, model: str, run_id: str, tracking_uri: st
     limits = {key: getattr(translator, key) for key in (
         "max_input_chars", "max_input_tokens", "max_request_sentences", "max_request_chars",
         "max_request_tokens")}
-    metadata = {"model": model, **limits, "beam_size": translator.beam_size,
+    metadata = {"model": model, **limits, "engines": translator.engines, "beam_size": translator.beam_size,
                 "alpha": translator.alpha, "too_long_input": "HTTP 400 (INVALID_PARAMETER_VALUE)",
                 "too_large_request": "HTTP 400 (INVALID_PARAMETER_VALUE), nothing decoded",
                 "empty_request": "HTTP 400 (INVALID_PARAMETER_VALUE)",
@@ -103,7 +106,7 @@ def log_served_model(export_dir: Path, model: str, run_id: str, tracking_uri: st
             info = mlflow.pyfunc.log_model(
                 name="translator", python_model=str(SERVING_CODE),
                 artifacts={EXPORT_ARTIFACT: str(export_dir)}, code_paths=[str(SERVING_CODE.parent)],
-                input_example=SERVING_EXAMPLE, pip_requirements=requirements,
+                input_example=(SERVING_EXAMPLE, SERVING_PARAMS), pip_requirements=requirements,
                 metadata=metadata, tags={"model": model})
         finally:  # the training run keeps its status (a failed export is not a failed training)
             mlflow.end_run(status if status in ("FINISHED", "FAILED", "KILLED") else "FINISHED")

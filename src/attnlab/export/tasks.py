@@ -25,8 +25,9 @@ def _facts(cfg: DictConfig, record: dict) -> dict:
 
 def export_translation_model(cfg: DictConfig, net: nn.Module, record: dict, out_dir: Path) -> dict:
     """The traced translator and its sentencepiece model in ``out_dir``
-    (:func:`attnlab.export.trace.export_translation`, with ``model.decoding`` and the ``serving``
-    limits), logged to the training run as an MLflow pyfunc model and registered as
+    (:func:`attnlab.export.trace.export_translation`, with ``model.decoding``, the ``serving``
+    limits and, for a Transformer, the CTranslate2 models of ``export.ctranslate2`` and, with
+    ``export.compile``, its AOTInductor step), logged to the training run as an MLflow pyfunc model and registered as
     ``attnlab-<model>`` with the alias ``champion``.
 
     Returns:
@@ -45,7 +46,8 @@ def export_translation_model(cfg: DictConfig, net: nn.Module, record: dict, out_
     facts["decoding"] = OmegaConf.to_container(cfg.model.decoding, resolve=True)  # beam, as evaluate
     s = cfg.serving
     export_translation(net, spm_model, out_dir, facts, s.max_input_chars, s.max_request_sentences,
-                       s.max_request_chars, s.max_request_tokens)
+                       s.max_request_chars, s.max_request_tokens, list(cfg.export.ctranslate2),
+                       compile=bool(cfg.export.compile))
     registered, version = log_served_model(out_dir, cfg.model.name, record["run_id"], record["tracking_uri"])
     return {"registered": registered, "version": version,
             "serve": serve_command(registered, record["tracking_uri"])}

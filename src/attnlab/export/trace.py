@@ -1,10 +1,15 @@
-"""Trace a trained net into a self-contained export folder (TorchScript + sentencepiece + JSON).
+"""Export a trained net into a self-contained folder (torch.export programs + sentencepiece + JSON).
 
 A translation export folder ``models/<model>/`` holds
-``init_state.pt`` and ``step.pt`` (TorchScript traces of the model's decoding
-interface, see :mod:`attnlab.decoding`), ``spm.model`` and ``config.json``
-(:func:`export_translation`); :mod:`attnlab.export.translator` loads it with torch
-and sentencepiece alone.
+``init_state.pt2`` and ``step.pt2`` (``torch.export`` programs of the model's decoding
+interface, see :mod:`attnlab.decoding`, with dynamic batch, source, target and cache sizes:
+:mod:`attnlab.export.program`), optionally ``step.aoti.pt2`` (the step built with
+AOTInductor), ``attention.pt2`` (the cross attention of a translation, for alignments:
+:data:`CROSS_ATTENTION`), ``ctranslate2/<quantization>/`` (a Transformer's CTranslate2 models),
+``spm.model`` and ``config.json`` (:func:`export_translation`);
+:mod:`attnlab.export.translator` loads it with torch and sentencepiece alone. A model that
+``torch.export`` cannot export with a dynamic source length (Bahdanau's GRU encoder) gets
+TorchScript traces (``.pt``) instead, and ``config.json`` → ``runtime.why_torchscript`` says why.
 NW exports ``model.pt`` mapping x (Q,) float32 → ŷ (Q,), with its training
 points baked in (:func:`export_regression`).
 """
@@ -14,12 +19,18 @@ import json
 import shutil
 import warnings
 from pathlib import Path
+from typing import Sequence
 
 import torch
 from torch import nn
 
-from attnlab.export.translator import (DEFAULT_MAX_INPUT_CHARS, DEFAULT_MAX_REQUEST_CHARS,
-                                       DEFAULT_MAX_REQUEST_SENTENCES, DEFAULT_MAX_REQUEST_TOKENS)
+from attnlab.data.special_tokens import PAD_ID
+from attnlab.export import ctranslate2 as ct2
+from attnlab.export.program import (COMPILED_ISA, EXAMPLE_SIZES, MAX_SIZE, call_args,
+                                    can_compile, compile_program, export_program)
+from attnlab.export.translator import (CTRANSLATE2_ENGINES, DEFAULT_MAX_INPUT_CHARS,
+                                       DEFAULT_MAX_REQUEST_CHARS, DEFAULT_MAX_REQUEST_SENTENCES,
+                                       DEFAULT_MAX_REQUEST_TOKENS)
 from attnlab.files import staged_dir
 
 FORMAT_VERSION = 1
@@ -43,6 +54,40 @@ class _Step(nn.Module):
         return self.net.step(ys, *state)
 
 
+class _CrossAttention(nn.Module):
+    """(src (B, S), src_valid_lens (B,), tgt_in (B, T)) → the encoder–decoder attention of one
+    teacher-forced pass, (B, L, H, T, S) float32: every decoder layer and head at once."""
+
+    def __init__(self, net):
+        super().__init__()
+        self.net = net
+
+    def forward(self, src, src_valid_lens, tgt_in):
+        return torch.stack(self.net.attention_maps(src, src_valid_lens, tgt_in)["encoder_decoder"], 1)
+
+
+class _AlignmentStep(nn.Module):
+    """``step`` that also returns the attention it computed: (ys (B, T), *state) →
+    (weights (B, 1, S), logits (B, V), *state). For a recurrent decoder (Bahdanau), whose
+    attention at step t needs the hidden state of step t − 1, so it cannot run teacher-forced
+    in one traced call; the runtime feeds the output tokens one step at a time."""
+
+    def __init__(self, net):
+        super().__init__()
+        self.net = net
+
+    def forward(self, ys, *state):
+        out = self.net.step(ys, *state)
+        return (self.net.attention.attention_weights, *out)
+
+
+# The cross attention each kind of model exports as attention.pt2 (or .pt), by the kind its
+# attention_maps returns: the interface (config.json → cross_attention.mode), and the wrapper
+# of each interface.
+CROSS_ATTENTION = {"encoder_decoder": "teacher_forced", "alignment": "step"}
+CROSS_ATTENTION_WRAPPERS = {"teacher_forced": _CrossAttention, "step": _AlignmentStep}
+
+
 class _NWPredictor(nn.Module):
     def __init__(self, net, x_train, y_train):
         super().__init__()
@@ -55,9 +100,66 @@ class _NWPredictor(nn.Module):
 
 
 def _trace(module: nn.Module, example: tuple) -> torch.jit.ScriptModule:
-    with warnings.catch_warnings():  # tracer warnings about Python ints are expected here
-        warnings.simplefilter("ignore")
+    """TorchScript trace (NW, and the translation models ``torch.export`` cannot export). Its
+    deprecation warning is shown; only the tracer's warnings about Python ints are expected."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", torch.jit.TracerWarning)
         return torch.jit.trace(module, example, check_trace=False)
+
+
+def _examples(net: nn.Module, vocab_size: int) -> list[dict]:
+    """Two example calls of each decoding function, sized by :data:`EXAMPLE_SIZES` (the first
+    and the second number), from which :func:`attnlab.export.program.export_program` reads
+    which dimensions are dynamic: ``{"init_state": (src, valid), "step": (ys, state),
+    "attention": (src, valid, tgt_in)}`` with a cache of ``cache`` earlier positions."""
+    examples = []
+    for i in (0, 1):
+        B, S, T, C = (EXAMPLE_SIZES[k][i] for k in ("batch", "source", "target", "cache"))
+        g = torch.Generator().manual_seed(i)
+        valid = torch.tensor([S] + [max(2, S - 2 - k) for k in range(B - 1)])
+        src = torch.randint(4, vocab_size, (B, S), generator=g)
+        src[torch.arange(S)[None, :] >= valid[:, None]] = PAD_ID
+        ys = torch.randint(4, vocab_size, (B, C + 1), generator=g)
+        state = net.init_state(src, valid)
+        for c in range(C):
+            state = net.step(ys[:, : c + 1], *state)[1:]
+        examples.append({"init_state": (src, valid), "step": (ys, tuple(state)),
+                         "attention": (src, valid, torch.randint(4, vocab_size, (B, T), generator=g))})
+    return examples
+
+
+def _save_programs(net: nn.Module, vocab_size: int, cross_mode: str, folder: Path,
+                   compile_step: bool) -> dict:
+    """Write init_state, step and attention as ``torch.export`` programs (``.pt2``) and, with
+    ``compile_step``, the step's AOTInductor build; a model ``torch.export`` cannot export
+    (Bahdanau: ``aten::gru`` is unrolled over the example's length, so the source length
+    cannot stay dynamic) is traced with TorchScript instead. Returns ``config.json`` →
+    ``runtime``: ``{"format", "files": {function: file}, "compiled": {function: file} ,
+    "isa", "why_torchscript"}``."""
+    a, b = _examples(net, vocab_size)
+    table = _max_source_tokens(net)  # lengths the model can take, or None: no limit
+    max_len = MAX_SIZE if table is None else table + 1
+    wrappers = {"init_state": _InitState(net), "step": _Step(net),
+                "attention": CROSS_ATTENTION_WRAPPERS[cross_mode](net)}
+    args = {"init_state": "init_state", "step": "step",  # which example each function takes
+            "attention": "attention" if cross_mode == "teacher_forced" else "step"}
+    try:
+        programs = {name: export_program(module, a[args[name]], b[args[name]],
+                                         folder / f"{name}.pt2", max_len)
+                    for name, module in wrappers.items()}
+    except Exception as e:  # noqa: BLE001 - whatever stops torch.export, the model keeps working
+        for stale in folder.glob("*.pt2"):
+            stale.unlink()
+        for name, module in wrappers.items():
+            _trace(module, call_args(a[args[name]])).save(str(folder / f"{name}.pt"))
+        why = f"{type(e).__name__}: {(str(e).strip().splitlines() or [''])[0]}"
+        return {"format": "torchscript", "files": {n: f"{n}.pt" for n in wrappers},
+                "compiled": {}, "why_torchscript": f"torch.export: {why}"}
+    runtime = {"format": "torch.export", "files": {n: f"{n}.pt2" for n in wrappers}, "compiled": {}}
+    if compile_step and can_compile():
+        compile_program(programs["step"], folder / "step.aoti.pt2")
+        runtime.update(compiled={"step": "step.aoti.pt2"}, isa=COMPILED_ISA)
+    return runtime
 
 
 def _max_source_tokens(net: nn.Module) -> int | None:
@@ -70,11 +172,13 @@ def export_translation(net: nn.Module, tokenizer_path: Path, out_dir: Path, conf
                        max_input_chars: int = DEFAULT_MAX_INPUT_CHARS,
                        max_request_sentences: int = DEFAULT_MAX_REQUEST_SENTENCES,
                        max_request_chars: int = DEFAULT_MAX_REQUEST_CHARS,
-                       max_request_tokens: int = DEFAULT_MAX_REQUEST_TOKENS) -> Path:
+                       max_request_tokens: int = DEFAULT_MAX_REQUEST_TOKENS,
+                       ctranslate2: Sequence[str] = (), compile: bool = False) -> Path:
     """Trace ``net`` (a Transformer or Bahdanau in eval mode) and write the export folder.
 
-    ``config.json`` holds ``config`` plus ``format_version``, ``task`` and
-    ``serving = {max_input_chars, max_input_tokens, max_request_sentences,
+    ``config.json`` holds ``config`` plus ``format_version``, ``task``,
+    ``cross_attention = {kind, mode, layers, heads}`` (how ``attention.pt`` is called:
+    :data:`CROSS_ATTENTION`) and ``serving = {max_input_chars, max_input_tokens, max_request_sentences,
     max_request_chars, max_request_tokens}``: the longest source
     :class:`~attnlab.export.translator.Translator`
     accepts, in characters, and in sentencepiece tokens (the Transformer's positional
@@ -93,6 +197,14 @@ def export_translation(net: nn.Module, tokenizer_path: Path, out_dir: Path, conf
         max_request_sentences, max_request_chars, max_request_tokens: limits per request
             of the served model: sentences, characters and sentencepiece tokens of all its
             sentences together, each ≥ 1.
+        ctranslate2: quantizations (``"float32"``, ``"int8"``) of CTranslate2 models to write
+            beside the traces, ``ctranslate2/<quantization>/``
+            (:func:`attnlab.export.ctranslate2.export_ctranslate2`), for a Transformer; a net
+            CTranslate2 cannot run (Bahdanau) gets none. ``config.json`` → ``engines`` lists
+            what the folder holds (:data:`attnlab.export.translator.ENGINES`).
+        compile: also build the step with AOTInductor (``step.aoti.pt2``, about a minute;
+            :func:`attnlab.export.program.compile_program`), which the runtime prefers where
+            the CPU can run it. Only for a model ``torch.export`` exports.
     Raises:
         ValueError: a limit < 1, or a per-request limit below what one sentence may have
             (``max_request_chars`` < ``max_input_chars``, ``max_request_tokens`` <
@@ -124,16 +236,36 @@ def export_translation(net: nn.Module, tokenizer_path: Path, out_dir: Path, conf
     src, valid = sp.encode_sources(["a first example sentence .", "two"])
     out_dir = Path(out_dir)
     with staged_dir(out_dir) as tmp, torch.no_grad():
-        state = net.init_state(src, valid)
         ys = torch.full((src.shape[0], 3), 4, dtype=torch.long)
-        _trace(_InitState(net), (src, valid)).save(str(tmp / "init_state.pt"))
-        _trace(_Step(net), (ys, *state)).save(str(tmp / "step.pt"))
+        cross = _cross_attention(net, src, valid, ys)
+        runtime = _save_programs(net, sp.get_piece_size(), cross["mode"], tmp, compile)
+        engines = ["torch"]
+        if ctranslate2 and ct2.supports(net):
+            for quantization in ctranslate2:
+                ct2.export_ctranslate2(net, tokenizer_path, tmp / "ctranslate2" / quantization,
+                                       quantization)
+                engines.append(CTRANSLATE2_ENGINES[quantization])
         shutil.copy(tokenizer_path, tmp / "spm.model")
         serving = {**{k: int(v) for k, v in limits.items()}, "max_input_tokens": max_input_tokens}
         (tmp / "config.json").write_text(json.dumps(
-            {"format_version": FORMAT_VERSION, "task": "translation", **config, "serving": serving},
+            {"format_version": FORMAT_VERSION, "task": "translation", **config,
+             "runtime": runtime, "cross_attention": cross, "engines": engines,
+             "serving": serving},
             indent=2))
     return out_dir
+
+
+def _cross_attention(net: nn.Module, src, valid, ys) -> dict:
+    """The net's cross attention (:data:`CROSS_ATTENTION`): its ``config.json`` entry."""
+    maps = net.attention_maps(src, valid, ys)
+    kinds = [kind for kind in CROSS_ATTENTION if kind in maps]
+    if len(kinds) != 1:
+        raise ValueError(f"{type(net).__name__}.attention_maps returns {sorted(maps)}: expected "
+                         f"exactly one cross-attention kind of {sorted(CROSS_ATTENTION)}")
+    kind = kinds[0]
+    layers = maps[kind]
+    return {"kind": kind, "mode": CROSS_ATTENTION[kind], "layers": len(layers),
+            "heads": int(layers[0].shape[1])}
 
 
 def export_regression(net: nn.Module, x_train: torch.Tensor, y_train: torch.Tensor,

@@ -14,12 +14,14 @@ This is the served model's runtime: keep its imports to torch, sentencepiece and
 from __future__ import annotations
 
 import json
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Sequence
 
 import torch
 
-from attnlab.decoding import translate_text
+from attnlab.data.special_tokens import BOS_ID, EOS_ID
+from attnlab.decoding import has_text, translate
 
 # Longest source sentence a served/translated export accepts, in characters (Unicode code
 # points). Multi30k's longest English sentence has about 220 (test_2017_flickr); beam search
@@ -41,8 +43,32 @@ DEFAULT_MAX_INPUT_CHARS = 500
 # 11-21 s, 4 token-dense × 500 characters (1,610 tokens, over the limit) 37-42 s. See README
 # "Serving a model over HTTP".
 DEFAULT_MAX_REQUEST_SENTENCES = 32
+# The decoders an export folder may hold (config.json → engines): attnlab's own decoding loops
+# over the traced model ("torch": every model, exactly the checkpoint's and evaluate's tokens),
+# and CTranslate2 models of a Transformer (attnlab.export.ctranslate2: greedy gives the same
+# tokens, beam search may differ in rare sentences), float32 or int8 weights.
+CTRANSLATE2_ENGINES = {"float32": "ctranslate2", "int8": "ctranslate2_int8"}
+ENGINES = ("torch", *CTRANSLATE2_ENGINES.values())
+DEFAULT_ENGINE = "torch"
 DEFAULT_MAX_REQUEST_CHARS = 4000
 DEFAULT_MAX_REQUEST_TOKENS = 1000
+
+
+def _load_function(folder: Path, runtime: dict, name: str):
+    """One decoding function of an export folder: the AOTInductor build where this CPU runs
+    it, else the ``torch.export`` program, or the TorchScript trace of an older export or of
+    a model torch.export cannot export."""
+    from attnlab.export.program import load_compiled, load_program
+
+    compiled = runtime.get("compiled", {}).get(name)
+    if compiled is not None:
+        function = load_compiled(folder / compiled)
+        if function is not None:
+            return function
+    file = runtime.get("files", {}).get(name, f"{name}.pt")
+    if file.endswith(".pt2"):
+        return load_program(folder / file)
+    return torch.jit.load(str(folder / file), map_location="cpu")
 
 
 def load_translator(export_dir: Path):
@@ -59,14 +85,47 @@ def load_translator(export_dir: Path):
         raise FileNotFoundError(f"{cfg_path} not found; export first with "
                                 "`python src/export.py model=<name>` or `dvc repro`")
     config = json.loads(cfg_path.read_text())
-    if not (d / "step.pt").exists():  # a regression export holds model.pt alone
-        raise ValueError(f"{d} has no step.pt: it is not a translation model's export (config.json "
-                         f"says task {config.get('task')!r}); pass one, e.g. models/transformer, or "
-                         "export it again with `python src/export.py model=<name>`")
-    init_state = torch.jit.load(str(d / "init_state.pt"), map_location="cpu")
-    step = torch.jit.load(str(d / "step.pt"), map_location="cpu")
+    runtime = config.get("runtime") or {}  # older exports: TorchScript init_state.pt, step.pt
+    step_file = runtime.get("files", {}).get("step", "step.pt")
+    if not (d / step_file).exists():  # a regression export holds model.pt alone
+        raise ValueError(f"{d} has no step function: it is not a translation model's export "
+                         f"(config.json says task {config.get('task')!r}); pass one, e.g. "
+                         "models/transformer, or export it again with `python src/export.py model=<name>`")
+    init_state = _load_function(d, runtime, "init_state")
+    step = _load_function(d, runtime, "step")
     tokenizer = load_sentencepiece(d / "spm.model")
     return init_state, step, tokenizer, config
+
+
+@dataclass(frozen=True)
+class Alignment:
+    """A translation and the cross attention that produced it.
+
+    Attributes:
+        translation: the detokenized output, as :meth:`Translator.__call__` returns it.
+        source_tokens: the S source pieces the model attended over, its ``</s>`` included.
+        target_tokens: the T output pieces, one per decoding step, the final ``</s>`` included.
+        kind: ``encoder_decoder`` (Transformer) or ``alignment`` (Bahdanau).
+        weights: (L, H, T, S) float32, every decoder layer (bottom first) and head: row t is
+            the attention over the source while the model chose output token t; each row sums
+            to 1. A sentence with nothing to translate has T = S = 0.
+    """
+    translation: str
+    source_tokens: list[str]
+    target_tokens: list[str]
+    kind: str
+    weights: torch.Tensor
+
+    def as_json(self) -> dict:
+        """The served model's answer for one sentence (README "Alignments"): the fields above,
+        ``attention`` = ``weights`` as nested lists [layer][head][target][source], and
+        ``alignment`` = the mean over the heads of the last layer [target][source] (fairseq's
+        ``--print-alignment`` convention; for Bahdanau, its one map)."""
+        w = self.weights
+        last = w[-1].mean(0) if w.shape[0] else w.new_zeros(0, 0)
+        return {"translation": self.translation, "source_tokens": list(self.source_tokens),
+                "target_tokens": list(self.target_tokens), "attention_kind": self.kind,
+                "alignment": last.tolist(), "attention": w.tolist()}
 
 
 class InputTooLongError(ValueError):
@@ -75,6 +134,10 @@ class InputTooLongError(ValueError):
 
 class InvalidRequestError(ValueError):
     """A request to the served model is not a list of strings (:meth:`Translator.check_request`)."""
+
+
+class UnknownEngineError(InvalidRequestError):
+    """An engine that is not one of :data:`ENGINES`, or that the export does not hold."""
 
 
 class RequestTooLargeError(InvalidRequestError):
@@ -108,6 +171,9 @@ class Translator:
         export_dir: a folder written by :func:`attnlab.export.trace.export_translation`.
         beam_size, alpha: override the export's decoding settings (beam_size 1 is greedy).
         batch_size: sentences decoded together.
+        engine: the decoder (:data:`ENGINES`): ``torch`` (the default: the tokens evaluate
+            scored, for every model), ``ctranslate2`` or ``ctranslate2_int8`` (a Transformer's
+            CTranslate2 model in the folder, float32 or int8 weights).
     Attributes:
         max_input_chars: longest accepted sentence in characters (Unicode code points).
         max_input_tokens: longest accepted sentence in sentencepiece tokens, or None.
@@ -116,10 +182,12 @@ class Translator:
         beam_size, alpha, config: the settings in use and the export's ``config.json``.
     Raises:
         FileNotFoundError, ValueError: as :func:`load_translator`.
+        UnknownEngineError: ``engine`` is not one of :data:`ENGINES` or not in this export.
     """
 
     def __init__(self, export_dir: Path, beam_size: int | None = None, alpha: float | None = None,
-                 batch_size: int = 128):
+                 batch_size: int = 128, engine: str = DEFAULT_ENGINE):
+        self.export_dir = Path(export_dir)
         self.init_state, self.step, self.tokenizer, self.config = load_translator(export_dir)
         dec = self.config.get("decoding") or self.config.get("model_config", {}).get("decoding") or {}
         self.beam_size = int(beam_size if beam_size is not None else dec.get("beam_size", 1))
@@ -132,6 +200,19 @@ class Translator:
         self.max_request_chars = int(limits.get("max_request_chars") or DEFAULT_MAX_REQUEST_CHARS)
         self.max_request_tokens = int(limits.get("max_request_tokens") or DEFAULT_MAX_REQUEST_TOKENS)
         self.batch_size = batch_size
+        self.engines: list[str] = list(self.config.get("engines") or ["torch"])
+        self._ctranslate2: dict[str, object] = {}
+        self.engine = self.check_engine(engine)
+
+    def check_engine(self, engine: str) -> str:
+        """``engine`` if this export holds it, else :class:`UnknownEngineError` naming those it has."""
+        if engine not in self.engines:
+            why = ("not an engine" if engine not in ENGINES else
+                   "not in this export (CTranslate2 runs Transformers only; export one again "
+                   "with `python src/export.py model=transformer` to add it)")
+            raise UnknownEngineError(f"engine {engine!r} is {why}; this model has "
+                                     f"{', '.join(self.engines)}")
+        return engine
 
     def check_lengths(self, sentences: Sequence[str]) -> list[list[int]] | None:
         """Raise :class:`InputTooLongError` naming the first sentence over a limit (index from 0).
@@ -218,18 +299,99 @@ class Translator:
         self.check_lengths(sentences)
         return self._decode(sentences)
 
-    def serve(self, sentences: Sequence[str]) -> list[str]:
-        """One request of the served model: :meth:`check_request`, then translate like :meth:`__call__`.
+    def align(self, sentences: Sequence[str]) -> list[Alignment]:
+        """Translate ``sentences`` like :meth:`__call__` and return, with each translation, the
+        cross attention of every decoder layer and head over its source (:class:`Alignment`).
+
+        The weights come from the export's ``attention.pt``: the model run once more on its own
+        output (teacher forcing; step by step for a recurrent decoder), which by causality are
+        the weights it had while it chose each token. One sentence at a time, so a sentence's
+        weights do not depend on its batch-mates.
 
         Raises:
+            InputTooLongError: as :meth:`__call__`; nothing is decoded then.
+            FileNotFoundError: the export predates alignments (no ``attention.pt``); names the
+                command that exports it again.
+        """
+        sentences = list(sentences)
+        self.check_lengths(sentences)
+        return self._align(sentences)
+
+    def serve(self, sentences: Sequence[str], alignments: bool = False,
+              engine: str | None = None) -> list[str] | list[dict]:
+        """One request of the served model: :meth:`check_request`, then translate like
+        :meth:`__call__`, or with ``alignments`` like :meth:`align` (each sentence's
+        :meth:`Alignment.as_json`), with ``engine`` (default: this translator's).
+
+        Raises:
+            UnknownEngineError: ``engine`` is not in this export; nothing is decoded then.
             InvalidRequestError (EmptyRequestError, RequestTooLargeError), InputTooLongError:
                 as :meth:`check_request`; nothing is decoded then.
+            FileNotFoundError: as :meth:`align`.
         """
+        engine = self.check_engine(engine or self.engine)
         self.check_request(sentences)
-        return self._decode(list(sentences))
+        if alignments:
+            return [a.as_json() for a in self._align(list(sentences), engine)]
+        return self._decode(list(sentences), engine)
 
-    def _decode(self, sentences: list[str]) -> list[str]:
-        """Translate checked sentences; those without text give "" undecoded
-        (:func:`attnlab.decoding.translate` skips them)."""
-        return translate_text(self.init_state, self.step, self.tokenizer, sentences,
-                              batch_size=self.batch_size, beam_size=self.beam_size, alpha=self.alpha)
+    def _translate(self, sentences: list[str], engine: str | None = None) -> list[list[int]]:
+        """Output ids of checked sentences with ``engine`` (default: this translator's); those
+        without text give [] undecoded (:func:`attnlab.decoding.translate` skips them)."""
+        engine = engine or self.engine
+        if engine == "torch":
+            return translate(self.init_state, self.step, self.tokenizer, sentences,
+                             batch_size=self.batch_size, beam_size=self.beam_size, alpha=self.alpha)
+        if engine not in self._ctranslate2:  # loaded once, on first use
+            from attnlab.export.ctranslate2 import CTranslate2Translator
+
+            quantization = {v: k for k, v in CTRANSLATE2_ENGINES.items()}[engine]
+            self._ctranslate2[engine] = CTranslate2Translator(
+                self.export_dir / "ctranslate2" / quantization, self.tokenizer)
+        return self._ctranslate2[engine].translate(sentences, beam_size=self.beam_size,
+                                                   alpha=self.alpha, batch_size=self.batch_size)
+
+    def _decode(self, sentences: list[str], engine: str | None = None) -> list[str]:
+        """Translate checked sentences (:meth:`_translate`), detokenized."""
+        return [self.tokenizer.decode(ids) for ids in self._translate(sentences, engine)]
+
+    def _cross_attention(self):
+        """The export's attention function and its ``config.json`` entry, loaded once."""
+        if getattr(self, "_attention", None) is None:
+            runtime = self.config.get("runtime") or {}
+            file = runtime.get("files", {}).get("attention", "attention.pt")
+            if not (self.export_dir / file).exists() or "cross_attention" not in self.config:
+                raise FileNotFoundError(
+                    f"{self.export_dir / file} not found: this export predates alignments. Export "
+                    f"it again with `python src/export.py model={self.config.get('model', '<name>')}` "
+                    "(or `dvc repro`)")
+            self._attention = (_load_function(self.export_dir, runtime, "attention"),
+                               self.config["cross_attention"])
+        return self._attention
+
+    @torch.no_grad()
+    def _align(self, sentences: list[str], engine: str | None = None) -> list[Alignment]:
+        """:meth:`align` of checked sentences, translated with ``engine``; the weights are
+        always the torch model's, on the tokens the engine printed."""
+        attention, spec = self._cross_attention()
+        out = []
+        for sentence, ids in zip(sentences, self._translate(sentences, engine)):
+            src, valid = self.tokenizer.encode_sources([sentence])
+            if not has_text(sentence) or int(valid[0]) <= 1:  # not decoded (translate's rule)
+                out.append(Alignment("", [], [], spec["kind"],
+                                     torch.zeros(spec["layers"], spec["heads"], 0, 0)))
+                continue
+            tgt_in = torch.tensor([[BOS_ID] + ids], dtype=torch.long)
+            if spec["mode"] == "teacher_forced":
+                weights = attention(src, valid, tgt_in)[0]  # (L, H, T, S)
+            else:  # a recurrent decoder's attention, one output token at a time
+                state, rows = self.init_state(src, valid), []
+                for t in range(tgt_in.shape[1]):
+                    w, _, *state = attention(tgt_in[:, : t + 1], *state)
+                    rows.append(w[0])  # (1, S)
+                weights = torch.cat(rows)[None, None]  # (1, 1, T, S)
+            piece = self.tokenizer.source_id_to_piece
+            out.append(Alignment(self.tokenizer.decode(ids), [piece(int(i)) for i in src[0]],
+                                 [self.tokenizer.id_to_piece(i) for i in ids + [EOS_ID]],
+                                 spec["kind"], weights.float()))
+        return out
