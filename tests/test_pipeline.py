@@ -384,6 +384,23 @@ def test_the_transformer_export_holds_its_engines(project):
     assert bahdanau["runtime"]["format"] == "torchscript" and bahdanau["engines"] == ["torch"]
 
 
+def test_gpu_check_runs_its_code_path_on_the_cpu(project, tmp_path):
+    """scripts/gpu_check.py, as scripts/gpu_check.sh runs it on a CUDA machine, but with
+    accelerator auto and bf16-mixed autocast on this CPU for 3 steps: it starts, trains, validates
+    and reports, in a scratch root that leaves the project's runs alone."""
+    before = sorted(p.name for p in (project / "checkpoints/transformer").iterdir())
+    run = subprocess.run([sys.executable, str(ROOT / "scripts/gpu_check.py"), "--steps", "3",
+                          "--accelerator", "auto", "--precision", "bf16-mixed", "--project",
+                          str(project), "--root", str(tmp_path / "scratch")], cwd=project,
+                         env=project.env, capture_output=True, text=True, timeout=600)
+    assert run.returncode == 0, run.stderr[-3000:]
+    result = json.loads(run.stdout.strip().splitlines()[-1])
+    assert result["steps"] == 3 and result["precision"] == "bf16-mixed" and result["device"] == "cpu"
+    assert result["target_tokens_per_s"] > 0 and 0 < result["mfu"] < 1
+    assert 0 <= result["val_bleu"] <= 100
+    assert sorted(p.name for p in (project / "checkpoints/transformer").iterdir()) == before
+
+
 def test_translate_py_takes_any_sentence_verbatim(project):
     """`+text=…` arguments and stdin lines reach the exported model exactly as typed: the output
     lines equal the export's Translator on the same strings (and "" for those with no text)."""

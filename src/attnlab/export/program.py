@@ -21,6 +21,7 @@ Ahead-Of-Time Compilation for Torch.Export-ed Models".
 from __future__ import annotations
 
 import platform
+import warnings
 from pathlib import Path
 from typing import Callable, Sequence
 
@@ -97,7 +98,11 @@ def export_program(module: nn.Module, example_a: Sequence, example_b: Sequence,
         torch._dynamo.exc.UserError: the module's code fixes a dimension marked dynamic (e.g.
             an RNN, whose time loop is unrolled to the example's length).
     """
-    with torch.no_grad():
+    with torch.no_grad(), warnings.catch_warnings():
+        # attnlab's attention layers keep their last weights as a plain attribute (for heatmaps);
+        # torch.export says so once per layer, and the programs never read them back.
+        warnings.filterwarnings("ignore", message=r"The tensor attributes .* were assigned during export",
+                                category=UserWarning)
         program = torch.export.export(module, call_args(example_a),
                                       dynamic_shapes=dynamic_shapes(example_a, example_b, max_len))
     torch.export.save(program, str(path))

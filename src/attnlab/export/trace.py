@@ -174,10 +174,11 @@ def export_translation(net: nn.Module, tokenizer_path: Path, out_dir: Path, conf
                        max_request_chars: int = DEFAULT_MAX_REQUEST_CHARS,
                        max_request_tokens: int = DEFAULT_MAX_REQUEST_TOKENS,
                        ctranslate2: Sequence[str] = (), compile: bool = False) -> Path:
-    """Trace ``net`` (a Transformer or Bahdanau in eval mode) and write the export folder.
+    """Export ``net`` (a Transformer or Bahdanau in eval mode) and write the export folder.
 
-    ``config.json`` holds ``config`` plus ``format_version``, ``task``,
-    ``cross_attention = {kind, mode, layers, heads}`` (how ``attention.pt`` is called:
+    ``config.json`` holds ``config`` plus ``format_version``, ``task``, ``runtime`` (the
+    format and files of the decoding functions: :func:`_save_programs`), ``engines``,
+    ``cross_attention = {kind, mode, layers, heads}`` (how the attention function is called:
     :data:`CROSS_ATTENTION`) and ``serving = {max_input_chars, max_input_tokens, max_request_sentences,
     max_request_chars, max_request_tokens}``: the longest source
     :class:`~attnlab.export.translator.Translator`
