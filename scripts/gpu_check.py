@@ -16,7 +16,9 @@ Printed: the run's last ``tokens_per_sec`` (target tokens per second of training
 validation sentences), the device's measured matmul rate in the training precision, and
 model FLOP utilization = 6 × parameters × target tokens/s ÷ that rate (Kaplan et al. 2020's
 6N FLOPs per token; it leaves out attention's quadratic term and the encoder's work per
-source token, so it is a lower bound). The last line is JSON.
+source token, so it is a lower bound). On a CPU without bf16 units the bf16 matmul rate is
+far below what the mixed-precision step reaches (much of it runs in fp32), so MFU there is
+not meaningful. The last line is JSON.
 """
 from __future__ import annotations
 
@@ -91,7 +93,7 @@ def main(argv=None) -> dict:
 
     from attnlab.checkpoint import load_net
 
-    net = load_net(root / "checkpoints" / "transformer" / "last.ckpt")
+    net = load_net(root / "checkpoints" / "transformer" / "best.ckpt")  # last.ckpt goes at the end
     params = sum(p.numel() for p in net.parameters())
     dtype = torch.bfloat16 if args.precision.startswith("bf16") else torch.float32
     rate = matmul_rate(device, dtype, 8192 if device == "cuda" else 1024)

@@ -80,9 +80,10 @@ def project(tmp_path_factory):
                                                    "batch_size": 8, "warmup_steps": 5})
     _edit(root / "conf/model/bahdanau.yaml", **{"net.embed_size": 16, "net.num_hiddens": 32,
                                                 "batch_size": 8})
+    # 2 epochs, no weight averaging (the experiments below compare against empty overrides)
     _edit(root / "params.yaml", **{"models.bahdanau.max_epochs": 2,
                                    "models.transformer.max_epochs": 2, "nw.max_epochs": 3,
-                                   "device": "cpu"})
+                                   "models.transformer.overrides": "", "device": "cpu"})
     root.env = _env(base / "mirror")
     subprocess.run([sys.executable, "-m", "dvc", "init", "--no-scm", "-q"], cwd=root, check=True)
     result = dvc(root, "repro")
@@ -396,7 +397,8 @@ def test_gpu_check_runs_its_code_path_on_the_cpu(project, tmp_path):
     assert run.returncode == 0, run.stderr[-3000:]
     result = json.loads(run.stdout.strip().splitlines()[-1])
     assert result["steps"] == 3 and result["precision"] == "bf16-mixed" and result["device"] == "cpu"
-    assert result["target_tokens_per_s"] > 0 and 0 < result["mfu"] < 1
+    # MFU is against a bf16 matmul rate: meaningful on a GPU, not on a CPU without bf16 units
+    assert result["target_tokens_per_s"] > 0 and result["mfu"] > 0 and result["parameters"] > 0
     assert 0 <= result["val_bleu"] <= 100
     assert sorted(p.name for p in (project / "checkpoints/transformer").iterdir()) == before
 
