@@ -234,14 +234,15 @@ def test_generate_dockerfile_writes_a_self_contained_build_context(
     assert (model / Path(conf["model_code_path"]).name).is_file()  # what MLflow loads
     assert conf["artifacts"]["export"]["path"] == "artifacts/export"
     assert {p.name for p in (model / "artifacts" / "export").iterdir()} >= {
-        "init_state.pt", "step.pt", "spm.model", "config.json"}
+        "init_state.pt2", "step.pt2", "attention.pt2", "spm.model", "config.json"}
     # No file points back into this repository or the store, records of origin aside:
-    # .pt (TorchScript keeps the traced source files' names as debug info), spm.model
+    # .pt and .pt2 (TorchScript and torch.export keep the traced source files' names as debug
+    # info: stack traces in the graph's metadata), spm.model
     # (sentencepiece's trainer_spec keeps its training input and prefix), __pycache__
     # (bytecode of a process that imported the code in place in a local store; stale
     # bytecode is regenerated). None of these paths is opened when the model loads.
     for path in out.rglob("*"):
-        if (not path.is_file() or path.suffix == ".pt" or path.name == "spm.model"
+        if (not path.is_file() or path.suffix in (".pt", ".pt2") or path.name == "spm.model"
                 or "__pycache__" in path.parts):
             continue
         text = path.read_bytes()
