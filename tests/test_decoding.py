@@ -185,6 +185,39 @@ def test_each_sentence_stops_at_its_own_limit_in_any_batch(beam_size):
         assert alone[0].tolist() == [A] * n
 
 
+class CountingLoopModel(LoopModel):
+    """:class:`LoopModel` that records, per step, how many rows it was given and whether its
+    state tensor is the very object the previous step returned (not gathered in between)."""
+
+    def __init__(self):
+        self.rows, self.kept, self._last = [], [], None
+
+    def step(self, ys, valid):
+        self.rows.append(ys.shape[0])
+        self.kept.append(valid is self._last)
+        logits, self._last = super().step(ys, valid)
+        return logits, self._last
+
+
+@pytest.mark.parametrize("beam_size", [1, 3])
+def test_a_sentence_that_has_ended_leaves_the_batch(beam_size):
+    """Limits 1, 3 and 5 tokens, no <eos>: the steps see 3, 2, 2, 1, 1 sentences (× beam_size
+    hypotheses), and then decoding stops. The state the step returns unchanged is handed back as
+    is while no sentence leaves; beam re-ranking does not gather it (every hypothesis of a
+    sentence holds the same copy)."""
+    m = CountingLoopModel()
+    src, valid = torch.zeros(3, 4, dtype=torch.long), torch.tensor([4, 4, 4])
+    limits = torch.tensor([1, 3, 5])
+    if beam_size == 1:
+        out = greedy_decode(m.init_state, m.step, src, valid, limits)
+    else:
+        out = beam_search(m.init_state, m.step, src, valid, limits, beam_size=beam_size)
+    assert m.rows == [beam_size * n for n in (3, 2, 2, 1, 1)]
+    # after a step that ended a sentence (steps 1 and 3) the state is selected anew; else kept
+    assert m.kept == [False, False, True, False, True]
+    assert out.tolist() == [[A] + [PAD_ID] * 4, [A] * 3 + [PAD_ID] * 2, [A] * 5]
+
+
 def test_the_length_limit_is_each_sentences_own():
     """⌊1.5·n + 10⌋ tokens for a source of n tokens (its <eos> counted), at most 256."""
     from attnlab.decoding import max_output_len

@@ -5,7 +5,8 @@ A translation model exposes (see :mod:`attnlab.models`):
 each with the batch on dim 0) and ``step(ys (B, T), *state) -> (logits (B, V), *state)``.
 The state is the model's cache (the Transformer's keys and values, the GRU's
 hidden state), so a step computes only the newest position. Beam search
-reorders every state tensor along dim 0 when beams are re-ranked.
+reorders the state tensors along dim 0 when beams are re-ranked (all but those ``step``
+returns unchanged), and both loops drop a sentence's rows from the state once it has ended.
 The exported artifacts (``src/export.py``) expose the same two functions, so
 the checkpoint and the export run the very same loops below.
 """
@@ -43,10 +44,19 @@ def _caps(max_len: int | torch.Tensor, batch: int, device) -> torch.Tensor:
     return torch.full((batch,), int(max_len), dtype=torch.long, device=device)
 
 
+def _select(state: Sequence[torch.Tensor], rows: torch.Tensor) -> list[torch.Tensor]:
+    """Every state tensor at ``rows`` (dim 0)."""
+    return [s.index_select(0, rows) for s in state]
+
+
 @torch.no_grad()
 def greedy_decode(init_state: Callable, step: Callable, src: torch.Tensor,
                   src_valid_lens: torch.Tensor, max_len: int | torch.Tensor) -> torch.Tensor:
     """Greedy (arg-max) decoding of a batch.
+
+    A sentence leaves the batch once it has ended (<eos>, or its own limit), so a step computes
+    only the sentences still open. Leaving changes no other row: a sentence's row depends on that
+    sentence alone, not on its batch-mates.
 
     Args:
         init_state, step: the model's decoding interface (module docstring).
@@ -56,23 +66,31 @@ def greedy_decode(init_state: Callable, step: Callable, src: torch.Tensor,
             every sentence, or a (B,) int64 tensor with each sentence's own limit.
     Returns:
         (B, T) int64 generated ids without <bos>; after a sentence's <eos>, or past its
-        limit, every position is <pad>. Stops early once every sentence has ended.
-        A sentence's row depends on that sentence alone, not on its batch-mates.
+        limit, every position is <pad>. T is the number of steps taken: decoding stops once
+        every sentence has ended.
     """
+    B, dev = src.shape[0], src.device
+    caps = _caps(max_len, B, dev)
+    out = torch.full((B, int(caps.max()) if B else 0), PAD_ID, dtype=torch.long, device=dev)
+    open_ = (caps > 0).nonzero()[:, 0]  # the sentences still decoding (rows of src)
+    if len(open_) == 0:
+        return out[:, :0]
     state = init_state(src, src_valid_lens)
-    B = src.shape[0]
-    caps = _caps(max_len, B, src.device)
-    ys = torch.full((B, 1), BOS_ID, dtype=torch.long, device=src.device)
-    done = caps <= 0
-    for t in range(int(caps.max()) if B else 0):
+    if len(open_) < B:
+        state = _select(state, open_)
+    ys = torch.full((len(open_), 1), BOS_ID, dtype=torch.long, device=dev)
+    t = 0
+    while len(open_):
         logits, *state = step(ys, *state)
         nxt = logits.argmax(-1)
-        nxt = torch.where(done, torch.full_like(nxt, PAD_ID), nxt)
+        out[open_, t] = nxt
+        t += 1
+        ended = (nxt == EOS_ID) | (caps.index_select(0, open_) <= t)
         ys = torch.cat([ys, nxt[:, None]], dim=1)
-        done = done | (nxt == EOS_ID) | (caps <= t + 1)  # ended, or at its own limit
-        if bool(done.all()):
-            break
-    return ys[:, 1:]
+        if bool(ended.any()):
+            keep = (~ended).nonzero()[:, 0]
+            open_, ys, state = open_.index_select(0, keep), ys.index_select(0, keep), _select(state, keep)
+    return out[:, :t]
 
 
 @torch.no_grad()
@@ -84,13 +102,18 @@ def beam_search(init_state: Callable, step: Callable, src: torch.Tensor,
     Each sentence keeps ``beam_size`` hypotheses ranked by summed log-probability.
     A hypothesis that emits <eos> is finished: it keeps its score and is
     extended by <pad> at no cost, so it stays in the beam while it beats the
-    open ones. The search stops when every hypothesis of every sentence is
-    finished, or after ``max_len`` tokens; a sentence that reaches its own limit
-    first is frozen there (its open hypotheses end as if at <eos>, with the
-    length they have), so it ends exactly as it would alone. The answer is the hypothesis with
+    open ones. A sentence is done when all its hypotheses are finished, or when it reaches
+    its own limit (its open hypotheses then end as if at <eos>, with the length they have);
+    a done sentence leaves the batch, so it ends exactly as it would alone and later steps
+    compute only the open sentences. The answer is the hypothesis with
     the best length-normalized score log P(Y) / lp(Y), lp(Y) = ((5 + |Y|) / 6)^α
     (Wu et al. 2016, eq. 14; |Y| counts the <eos>); ``alpha=0`` means no
     normalization. ``beam_size=1`` is greedy decoding.
+
+    Re-ranking gathers the state of the surviving hypotheses (fairseq's ``reorder_incremental_state``),
+    except for the state tensors ``step`` returns unchanged (the very objects it was given, such as
+    the Transformer's encoder keys and values): every hypothesis of a sentence holds the same copy
+    of those, so re-ranking cannot change them.
 
     Args:
         init_state, step: the model's decoding interface (module docstring).
@@ -99,46 +122,59 @@ def beam_search(init_state: Callable, step: Callable, src: torch.Tensor,
             every sentence, or a (B,) int64 tensor with each sentence's own limit.
         beam_size: hypotheses kept per sentence, ≥ 1. alpha: length penalty α ≥ 0.
     Returns:
-        (B, T) int64 best hypothesis per sentence without <bos>, <pad> after <eos>.
-        A sentence's row depends on that sentence alone, not on its batch-mates.
+        (B, T) int64 best hypothesis per sentence without <bos>, <pad> after <eos>; T is the
+        number of steps taken. A sentence's row depends on that sentence alone, not on its
+        batch-mates.
     Raises:
         ValueError: if beam_size < 1 or alpha < 0.
     """
     if beam_size < 1 or alpha < 0:
         raise ValueError(f"need beam_size ≥ 1 and alpha ≥ 0; got beam_size={beam_size}, alpha={alpha}")
     B, K, dev = src.shape[0], beam_size, src.device
-    state = init_state(src, src_valid_lens)
-    rows = torch.arange(B, device=dev).repeat_interleave(K)  # beam b·K + k belongs to sentence b
-    state = [s.index_select(0, rows) for s in state]
+    caps = _caps(max_len, B, dev)
+    out = torch.full((B, int(caps.max()) if B else 0), PAD_ID, dtype=torch.long, device=dev)
+    if B == 0 or not bool((caps > 0).any()):
+        return out[:, :0]
+    state = _select(init_state(src, src_valid_lens), torch.arange(B, device=dev).repeat_interleave(K))
+    beams = torch.arange(K, device=dev)
+    open_ = torch.arange(B, device=dev)  # the sentences still decoding; hypothesis b·K + k is open_[b]'s k-th
     ys = torch.full((B * K, 1), BOS_ID, dtype=torch.long, device=dev)
     scores = torch.full((B, K), float("-inf"), device=dev)
     scores[:, 0] = 0.0  # all beams start identical: expand only the first
-    caps = _caps(max_len, B, dev).repeat_interleave(K)  # each beam's sentence's limit
-    finished = caps <= 0
+    finished = torch.zeros(B * K, dtype=torch.bool, device=dev)
     lengths = torch.zeros(B * K, device=dev)
-    offsets = (torch.arange(B, device=dev) * K)[:, None]  # (B, 1)
-    for t in range(int(caps.max()) if B else 0):
-        finished = finished | (caps <= t)  # a sentence at its own limit is frozen
-        if bool(finished.all()):
-            break
-        logits, *state = step(ys, *state)
-        logp = torch.log_softmax(logits.float(), dim=-1)  # (B·K, V)
+    t = 0
+    while True:
+        finished = finished | (caps.index_select(0, open_) <= t).repeat_interleave(K)  # frozen at its limit
+        done = finished.view(-1, K).all(1)
+        if bool(done.any()):  # pick each done sentence's answer, then drop it from the batch
+            ended = done.nonzero()[:, 0]
+            normalized = scores[ended] / ((5.0 + lengths.view(-1, K)[ended]) / 6.0) ** alpha
+            best = ended * K + normalized.argmax(-1)
+            out[open_.index_select(0, ended), :t] = ys.index_select(0, best)[:, 1:]
+            keep = (~done).nonzero()[:, 0]
+            if len(keep) == 0:
+                return out[:, :t]
+            rows = (keep[:, None] * K + beams).reshape(-1)
+            open_, scores = open_.index_select(0, keep), scores.index_select(0, keep)
+            ys, finished, lengths = ys.index_select(0, rows), finished.index_select(0, rows), lengths.index_select(0, rows)
+            state = _select(state, rows)
+        logits, *new_state = step(ys, *state)
+        logp = torch.log_softmax(logits.float(), dim=-1)  # (b·K, V)
         V = logp.shape[-1]
         pad_only = torch.full_like(logp[0], float("-inf"))
         pad_only[PAD_ID] = 0.0
         logp = torch.where(finished[:, None], pad_only, logp)
-        top, flat = (scores.reshape(-1, 1) + logp).reshape(B, K * V).topk(K, dim=-1)  # (B, K)
-        src_rows = (offsets + flat // V).reshape(-1)  # which beam each survivor extends
+        top, flat = (scores.reshape(-1, 1) + logp).reshape(-1, K * V).topk(K, dim=-1)  # (b, K)
+        src_rows = (torch.arange(len(open_), device=dev)[:, None] * K + flat // V).reshape(-1)
         tokens = (flat % V).reshape(-1, 1)
         ys = torch.cat([ys.index_select(0, src_rows), tokens], dim=1)
-        state = [s.index_select(0, src_rows) for s in state]
+        state = [new if new is old else new.index_select(0, src_rows) for new, old in zip(new_state, state)]
         was_finished = finished.index_select(0, src_rows)
         lengths = lengths.index_select(0, src_rows) + (~was_finished).float()
         finished = was_finished | (tokens[:, 0] == EOS_ID)
         scores = top
-    normalized = scores.reshape(-1) / ((5.0 + lengths) / 6.0) ** alpha
-    best = offsets[:, 0] + normalized.reshape(B, K).argmax(-1)
-    return ys.index_select(0, best)[:, 1:]
+        t += 1
 
 
 def strip_special(ids: Sequence[int]) -> list[int]:
@@ -160,6 +196,15 @@ def has_text(sentence: str) -> bool:
     return any(unicodedata.category(ch) not in ("Cc", "Cf", "Zs", "Zl", "Zp") for ch in sentence)
 
 
+def decodable(sentences: Sequence[str], src_valid_lens: torch.Tensor) -> torch.Tensor:
+    """Which of ``sentences`` :func:`translate` decodes: (B,) bool. The others translate to
+    ``[]`` without being decoded: no character to translate (:func:`has_text`), or no source
+    token but the <eos> (``src_valid_lens`` (B,) int64, the <eos> counted, as
+    ``tokenizer.encode_sources`` gives them)."""
+    text = torch.tensor([has_text(s) for s in sentences], dtype=torch.bool)
+    return text & (src_valid_lens.cpu() > 1)
+
+
 def translate(init_state: Callable, step: Callable, tokenizer, sentences: Sequence[str],
               batch_size: int = 128, device: torch.device | str = "cpu",
               beam_size: int = 1, alpha: float = 0.0) -> list[list[int]]:
@@ -171,8 +216,8 @@ def translate(init_state: Callable, step: Callable, tokenizer, sentences: Sequen
     detokenize with ``tokenizer.decode``. Every per-sentence quantity (length limit,
     length penalty, end of sentence) comes from that sentence alone, so a sentence
     gets the same ids alone as in any batch, in any order. A sentence with nothing
-    to translate gets ``[]`` without being decoded: no character but whitespace,
-    control and invisible format characters (:func:`has_text`: empty, spaces, a
+    to translate gets ``[]`` without being decoded (:func:`decodable`): no character but
+    whitespace, control and invisible format characters (:func:`has_text`: empty, spaces, a
     zero-width space, a byte-order mark, direction marks, DEL), or no token from
     the tokenizer.
     """
@@ -181,8 +226,7 @@ def translate(init_state: Callable, step: Callable, tokenizer, sentences: Sequen
     for b in range(0, len(order), batch_size):
         idx = order[b : b + batch_size]
         src, valid = tokenizer.encode_sources([sentences[i] for i in idx])
-        text = torch.tensor([has_text(sentences[i]) for i in idx], dtype=torch.bool)
-        rows = (text & (valid > 1)).nonzero()[:, 0]  # a source of <eos> alone: nothing to do
+        rows = decodable([sentences[i] for i in idx], valid).nonzero()[:, 0]
         if len(rows) == 0:
             continue
         src, valid = src[rows].to(device), valid[rows].to(device)

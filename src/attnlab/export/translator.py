@@ -21,7 +21,7 @@ from typing import Sequence
 import torch
 
 from attnlab.data.special_tokens import BOS_ID, EOS_ID
-from attnlab.decoding import has_text, translate
+from attnlab.decoding import decodable, translate
 
 # Longest source sentence a served/translated export accepts, in characters (Unicode code
 # points). Multi30k's longest English sentence has about 220 (test_2017_flickr); beam search
@@ -377,7 +377,7 @@ class Translator:
         out = []
         for sentence, ids in zip(sentences, self._translate(sentences, engine)):
             src, valid = self.tokenizer.encode_sources([sentence])
-            if not has_text(sentence) or int(valid[0]) <= 1:  # not decoded (translate's rule)
+            if not bool(decodable([sentence], valid)[0]):  # translate() did not decode it
                 out.append(Alignment("", [], [], spec["kind"],
                                      torch.zeros(spec["layers"], spec["heads"], 0, 0)))
                 continue
