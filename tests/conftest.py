@@ -4,7 +4,17 @@ import sys
 from pathlib import Path
 
 import pytest
-import torch
+
+if os.environ.get("PYTEST_XDIST_WORKER"):
+    # pytest-xdist runs one worker per logical CPU (pyproject.toml): one intra-op thread each,
+    # for this process and the apps it starts. Two threads per worker would put 4 spin-waiting
+    # OpenMP threads on 2 cores, which slows torch down many times over.
+    os.environ["OMP_NUM_THREADS"] = "1"
+
+import torch  # noqa: E402  (after OMP_NUM_THREADS)
+
+if os.environ.get("PYTEST_XDIST_WORKER"):
+    torch.set_num_threads(1)
 
 sys.path.insert(0, str(Path(__file__).parent))
 
@@ -53,3 +63,15 @@ def one_torch_thread():
     torch.set_num_threads(1)
     yield
     torch.set_num_threads(n)
+
+
+# The longest test files first, so that under pytest-xdist (--dist loadfile) a worker starts
+# them at once while the other works through the rest, instead of one of them starting last.
+LONGEST_FIRST = ("test_pipeline.py", "test_d2l.py")
+
+
+def pytest_collection_modifyitems(config, items):
+    def rank(item):
+        name = item.path.name
+        return LONGEST_FIRST.index(name) if name in LONGEST_FIRST else len(LONGEST_FIRST)
+    items.sort(key=rank)  # stable: each file keeps its own order
