@@ -174,7 +174,8 @@ def test_reproduce_d2l_script_matches_the_books_results(fra_eng_zip, tmp_path):
     os.symlink(fra_eng_zip, raw / "fra-eng.zip")
     env = {**os.environ, "PYTHON": sys.executable,
            "MLFLOW_TRACKING_URI": f"sqlite:///{tmp_path}/mlflow.db"}
-    r = subprocess.run(["scripts/reproduce_d2l.sh", f"paths.root={tmp_path}", "heatmaps.sentences=[0]"],
+    r = subprocess.run(["scripts/reproduce_d2l.sh", f"paths.root={tmp_path}", "heatmaps.sentences=[0]",
+                        f"hydra.run.dir={tmp_path}/outputs"],
                        cwd=ROOT, env=env, capture_output=True, text=True, timeout=1200)
     print(r.stdout)
     assert r.returncode == 0, r.stderr[-3000:]

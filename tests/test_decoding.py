@@ -218,6 +218,62 @@ def test_a_sentence_that_has_ended_leaves_the_batch(beam_size):
     assert out.tolist() == [[A] + [PAD_ID] * 4, [A] * 3 + [PAD_ID] * 2, [A] * 5]
 
 
+class DivergingModel:
+    """Its state is replaced once, at the second step, by each row's first token (so the
+    hypotheses of a sentence then differ), and handed back untouched after that; the next token's
+    probabilities depend on it. ``kept`` records, per step, whether the state it was given is the
+    very tensor the previous step returned."""
+
+    def __init__(self):
+        self.kept, self._last = [], None
+
+    def init_state(self, src, valid):
+        return (torch.zeros(src.shape[0]),)
+
+    def step(self, ys, first):
+        self.kept.append(first is self._last)
+        if ys.shape[1] == 2:
+            first = ys[:, 1].float()  # a new tensor, different in each hypothesis
+        self._last = first
+        logits = torch.full((ys.shape[0], 6), -30.0)  # <eos> ≈ 0: the limit ends it
+        after_a = first == A
+        logits[:, A] = torch.where(after_a, math.log(0.3), math.log(0.6))
+        logits[:, C] = torch.where(after_a, math.log(0.7), math.log(0.4))
+        return logits, first
+
+
+def test_state_a_step_has_replaced_is_gathered_on_every_later_step():
+    """The state is replaced at step 2 and then returned untouched: beam search keeps gathering
+    it (steps 3 to 6 get a gathered copy, not the tensor the step returned; before step 2 it is
+    init_state's own, never gathered), and gives what it gives when every step returns new
+    tensors (which are always gathered)."""
+    m = DivergingModel()
+
+    def fresh(ys, first):
+        logits, first = m.step(ys, first)
+        return logits, first.clone()
+
+    src, valid = torch.zeros(1, 4, dtype=torch.long), torch.tensor([4])
+    for beam_size in (2, 3):
+        m.kept = []
+        kept = beam_search(m.init_state, m.step, src, valid, 6, beam_size=beam_size, alpha=0.5)
+        assert m.kept == [False, True, False, False, False, False]
+        gathered = beam_search(m.init_state, fresh, src, valid, 6, beam_size=beam_size, alpha=0.5)
+        assert kept.tolist() == gathered.tolist()
+
+
+@pytest.mark.parametrize("beam_size", [1, 3])
+def test_no_tokens_for_a_limit_of_zero_or_less(beam_size):
+    """A limit ≤ 0 gives no tokens: (B, 0) when every limit is, <pad> rows among others."""
+    m = LoopModel()
+    src, valid = torch.zeros(3, 4, dtype=torch.long), torch.tensor([4, 4, 4])
+    decode = greedy_decode if beam_size == 1 else (lambda *a: beam_search(*a, beam_size=beam_size))
+    for limit in (0, -3, torch.tensor([-1, 0, -2])):
+        assert decode(m.init_state, m.step, src, valid, limit).shape == (3, 0)
+    out = decode(m.init_state, m.step, src, valid, torch.tensor([-1, 2, 0]))
+    assert out.tolist() == [[PAD_ID] * 2, [A] * 2, [PAD_ID] * 2]
+
+
 def test_the_length_limit_is_each_sentences_own():
     """⌊1.5·n + 10⌋ tokens for a source of n tokens (its <eos> counted), at most 256."""
     from attnlab.decoding import max_output_len

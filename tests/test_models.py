@@ -107,16 +107,17 @@ def test_greedy_step_matches_teacher_forcing(net):
 
 def test_greedy_pads_after_eos():
     class Fixed:
-        """Emits 5, then <eos> for sample 0; 6 forever for sample 1."""
+        """Emits 5, then <eos> for sample 0; 6 forever for sample 1 (its state: which sample a
+        row is, so each row's logits come from its own row, as decoding requires)."""
         def init_state(self, src, valid):
-            return (src,)
+            return (torch.arange(src.shape[0]),)
 
-        def step(self, ys, src):
-            logits = torch.zeros(2, 10)
+        def step(self, ys, sample):
+            logits = torch.zeros(ys.shape[0], 10)
             t = ys.shape[1]
-            logits[0, 5 if t == 1 else EOS_ID] = 1
-            logits[1, 6] = 1
-            return logits, src
+            logits[sample == 0, 5 if t == 1 else EOS_ID] = 1
+            logits[sample == 1, 6] = 1
+            return logits, sample
 
     f = Fixed()
     ys = greedy_decode(f.init_state, f.step, torch.zeros(2, 3, dtype=torch.long),

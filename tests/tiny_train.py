@@ -27,8 +27,9 @@ STEPS_PER_EPOCH = 8  # the 40 training pairs in batches of at most 40 padded tok
 def make_project(root: Path) -> Path:
     """Tiny corpus under ``root/data/raw`` and its tokenized folder (real tokenize stage)."""
     write_mirror(root / "data/raw")
-    subprocess.run([sys.executable, "src/tokenize_data.py", f"paths.root={root}", "data.vocab_size=150"],
-                   cwd=ROOT, check=True, capture_output=True, env=env())
+    subprocess.run([sys.executable, "src/tokenize_data.py", f"paths.root={root}", "data.vocab_size=150",
+                    f"hydra.run.dir={root}/outputs/tokenize"], cwd=ROOT, check=True, capture_output=True,
+                   env=env())
     return root
 
 

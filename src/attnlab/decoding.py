@@ -4,9 +4,12 @@ A translation model exposes (see :mod:`attnlab.models`):
 ``init_state(src (B, S), src_valid_lens (B,)) -> state`` (a tuple of tensors,
 each with the batch on dim 0) and ``step(ys (B, T), *state) -> (logits (B, V), *state)``.
 The state is the model's cache (the Transformer's keys and values, the GRU's
-hidden state), so a step computes only the newest position. Beam search
-reorders the state tensors along dim 0 when beams are re-ranked (all but those ``step``
-returns unchanged), and both loops drop a sentence's rows from the state once it has ended.
+hidden state), so a step computes only the newest position. ``step`` returns one row of
+logits and state per row of ``ys``, each computed from its own row alone, and never changes a
+state tensor in place (it returns a new one). Beam search reorders the state tensors along
+dim 0 when beams are re-ranked, except those ``step`` has always handed back untouched (the
+very objects it was given), and both loops drop a sentence's rows from the state once it has
+ended.
 The exported artifacts (``src/export.py``) expose the same two functions, so
 the checkpoint and the export run the very same loops below.
 """
@@ -71,7 +74,7 @@ def greedy_decode(init_state: Callable, step: Callable, src: torch.Tensor,
     """
     B, dev = src.shape[0], src.device
     caps = _caps(max_len, B, dev)
-    out = torch.full((B, int(caps.max()) if B else 0), PAD_ID, dtype=torch.long, device=dev)
+    out = torch.full((B, max(int(caps.max()), 0) if B else 0), PAD_ID, dtype=torch.long, device=dev)
     open_ = (caps > 0).nonzero()[:, 0]  # the sentences still decoding (rows of src)
     if len(open_) == 0:
         return out[:, :0]
@@ -111,9 +114,10 @@ def beam_search(init_state: Callable, step: Callable, src: torch.Tensor,
     normalization. ``beam_size=1`` is greedy decoding.
 
     Re-ranking gathers the state of the surviving hypotheses (fairseq's ``reorder_incremental_state``),
-    except for the state tensors ``step`` returns unchanged (the very objects it was given, such as
-    the Transformer's encoder keys and values): every hypothesis of a sentence holds the same copy
-    of those, so re-ranking cannot change them.
+    except for the state tensors ``step`` has returned unchanged at every step so far (the very
+    objects it was given, such as the Transformer's encoder keys and values): every hypothesis of
+    a sentence still holds the copy ``init_state`` gave it, so re-ranking cannot change them. Once
+    ``step`` returns a new tensor in a position, that position is gathered from then on.
 
     Args:
         init_state, step: the model's decoding interface (module docstring).
@@ -132,7 +136,7 @@ def beam_search(init_state: Callable, step: Callable, src: torch.Tensor,
         raise ValueError(f"need beam_size ≥ 1 and alpha ≥ 0; got beam_size={beam_size}, alpha={alpha}")
     B, K, dev = src.shape[0], beam_size, src.device
     caps = _caps(max_len, B, dev)
-    out = torch.full((B, int(caps.max()) if B else 0), PAD_ID, dtype=torch.long, device=dev)
+    out = torch.full((B, max(int(caps.max()), 0) if B else 0), PAD_ID, dtype=torch.long, device=dev)
     if B == 0 or not bool((caps > 0).any()):
         return out[:, :0]
     state = _select(init_state(src, src_valid_lens), torch.arange(B, device=dev).repeat_interleave(K))
@@ -143,6 +147,7 @@ def beam_search(init_state: Callable, step: Callable, src: torch.Tensor,
     scores[:, 0] = 0.0  # all beams start identical: expand only the first
     finished = torch.zeros(B * K, dtype=torch.bool, device=dev)
     lengths = torch.zeros(B * K, device=dev)
+    shared = [True] * len(state)  # still init_state's tensor, the same in every hypothesis of a sentence
     t = 0
     while True:
         finished = finished | (caps.index_select(0, open_) <= t).repeat_interleave(K)  # frozen at its limit
@@ -164,12 +169,14 @@ def beam_search(init_state: Callable, step: Callable, src: torch.Tensor,
         V = logp.shape[-1]
         pad_only = torch.full_like(logp[0], float("-inf"))
         pad_only[PAD_ID] = 0.0
-        logp = torch.where(finished[:, None], pad_only, logp)
+        if bool(finished.any()):
+            logp = torch.where(finished[:, None], pad_only, logp)
         top, flat = (scores.reshape(-1, 1) + logp).reshape(-1, K * V).topk(K, dim=-1)  # (b, K)
         src_rows = (torch.arange(len(open_), device=dev)[:, None] * K + flat // V).reshape(-1)
         tokens = (flat % V).reshape(-1, 1)
         ys = torch.cat([ys.index_select(0, src_rows), tokens], dim=1)
-        state = [new if new is old else new.index_select(0, src_rows) for new, old in zip(new_state, state)]
+        shared = [same and new is old for same, new, old in zip(shared, new_state, state)]
+        state = [new if same else new.index_select(0, src_rows) for same, new in zip(shared, new_state)]
         was_finished = finished.index_select(0, src_rows)
         lengths = lengths.index_select(0, src_rows) + (~was_finished).float()
         finished = was_finished | (tokens[:, 0] == EOS_ID)
