@@ -185,17 +185,20 @@ def test_each_sentence_stops_at_its_own_limit_in_any_batch(beam_size):
         assert alone[0].tolist() == [A] * n
 
 
-class CountingLoopModel(LoopModel):
-    """:class:`LoopModel` that records, per step, how many rows it was given and whether its
-    state tensor is the very object the previous step returned (not gathered in between)."""
+class Recorded:
+    """A model whose ``step`` records, per step, how many rows it was given and whether its state
+    tensor is the very object the previous step returned (not gathered in between)."""
 
-    def __init__(self):
-        self.rows, self.kept, self._last = [], [], None
+    def __init__(self, model):
+        self.model, self.rows, self.kept, self._last = model, [], [], None
 
-    def step(self, ys, valid):
+    def init_state(self, src, valid):
+        return self.model.init_state(src, valid)
+
+    def step(self, ys, state):
         self.rows.append(ys.shape[0])
-        self.kept.append(valid is self._last)
-        logits, self._last = super().step(ys, valid)
+        self.kept.append(state is self._last)
+        logits, self._last = self.model.step(ys, state)
         return logits, self._last
 
 
@@ -205,7 +208,7 @@ def test_a_sentence_that_has_ended_leaves_the_batch(beam_size):
     hypotheses), and then decoding stops. The state the step returns unchanged is handed back as
     is while no sentence leaves; beam re-ranking does not gather it (every hypothesis of a
     sentence holds the same copy)."""
-    m = CountingLoopModel()
+    m = Recorded(LoopModel())
     src, valid = torch.zeros(3, 4, dtype=torch.long), torch.tensor([4, 4, 4])
     limits = torch.tensor([1, 3, 5])
     if beam_size == 1:
@@ -221,20 +224,14 @@ def test_a_sentence_that_has_ended_leaves_the_batch(beam_size):
 class DivergingModel:
     """Its state is replaced once, at the second step, by each row's first token (so the
     hypotheses of a sentence then differ), and handed back untouched after that; the next token's
-    probabilities depend on it. ``kept`` records, per step, whether the state it was given is the
-    very tensor the previous step returned."""
-
-    def __init__(self):
-        self.kept, self._last = [], None
+    probabilities depend on it."""
 
     def init_state(self, src, valid):
         return (torch.zeros(src.shape[0]),)
 
     def step(self, ys, first):
-        self.kept.append(first is self._last)
         if ys.shape[1] == 2:
             first = ys[:, 1].float()  # a new tensor, different in each hypothesis
-        self._last = first
         logits = torch.full((ys.shape[0], 6), -30.0)  # <eos> ≈ 0: the limit ends it
         after_a = first == A
         logits[:, A] = torch.where(after_a, math.log(0.3), math.log(0.6))
@@ -247,18 +244,18 @@ def test_state_a_step_has_replaced_is_gathered_on_every_later_step():
     it (steps 3 to 6 get a gathered copy, not the tensor the step returned; before step 2 it is
     init_state's own, never gathered), and gives what it gives when every step returns new
     tensors (which are always gathered)."""
-    m = DivergingModel()
+    model = DivergingModel()
 
     def fresh(ys, first):
-        logits, first = m.step(ys, first)
+        logits, first = model.step(ys, first)
         return logits, first.clone()
 
     src, valid = torch.zeros(1, 4, dtype=torch.long), torch.tensor([4])
     for beam_size in (2, 3):
-        m.kept = []
+        m = Recorded(model)
         kept = beam_search(m.init_state, m.step, src, valid, 6, beam_size=beam_size, alpha=0.5)
         assert m.kept == [False, True, False, False, False, False]
-        gathered = beam_search(m.init_state, fresh, src, valid, 6, beam_size=beam_size, alpha=0.5)
+        gathered = beam_search(model.init_state, fresh, src, valid, 6, beam_size=beam_size, alpha=0.5)
         assert kept.tolist() == gathered.tolist()
 
 
