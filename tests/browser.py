@@ -9,6 +9,7 @@ that folder. Headless Chromium then loads the app itself.
 """
 from __future__ import annotations
 
+import collections
 import contextlib
 import json
 import os
@@ -134,6 +135,7 @@ class DevTools:
         os.close(to_read)
         os.close(from_write)
         self._buffer, self._id = b"", 0
+        self._inbox: collections.deque[dict] = collections.deque()  # read, not yet taken
         self.events: list[dict] = []  # every event received, in order
         self.frames: dict[str, str] = {}  # session id of each attached iframe → its URL
 
@@ -148,21 +150,22 @@ class DevTools:
         os.close(self._from)
         self._log.close()
 
-    def _receive(self, timeout: float) -> list[dict]:
-        """The messages that arrive within `timeout` seconds (maybe none)."""
+    def _receive(self, timeout: float) -> dict | None:
+        """The next message: one read earlier and not yet taken, else one that arrives within
+        `timeout` seconds (None if none does). A read can bring several messages; each is
+        taken exactly once, in order, so an event right behind a command's answer is kept."""
         import select
 
-        if b"\0" not in self._buffer:
+        if not self._inbox and b"\0" not in self._buffer:
             ready, _, _ = select.select([self._from], [], [], max(0.0, timeout))
             if ready:
                 chunk = os.read(self._from, 1 << 20)
                 assert chunk, "Chromium closed its DevTools pipe (it exited)"
                 self._buffer += chunk
-        out = []
         while b"\0" in self._buffer:
             raw, self._buffer = self._buffer.split(b"\0", 1)
-            out.append(json.loads(raw))
-        return out
+            self._inbox.append(json.loads(raw))
+        return self._inbox.popleft() if self._inbox else None
 
     def _event(self, message: dict) -> None:
         self.events.append(message)
@@ -192,15 +195,17 @@ class DevTools:
         pending = []
         while True:
             assert time.monotonic() < deadline, f"no answer to {method} in {timeout} s"
-            for m in self._receive(deadline - time.monotonic()):
-                if m.get("id") == sent:
-                    for event in pending:
-                        self._event(event)
-                    if "error" in m:
-                        raise RuntimeError(f"{method}: {m['error'].get('message')}")
-                    return m.get("result", {})
-                if "method" in m:
-                    pending.append(m)
+            m = self._receive(deadline - time.monotonic())
+            if m is None:
+                continue
+            if m.get("id") == sent:
+                for event in pending:
+                    self._event(event)
+                if "error" in m:
+                    raise RuntimeError(f"{method}: {m['error'].get('message')}")
+                return m.get("result", {})
+            if "method" in m:
+                pending.append(m)
 
     def wait_for(self, found, timeout: float = 60, what: str = "") -> dict:
         """Receive events until `found(event)` is true for one (also one received earlier);
@@ -212,9 +217,9 @@ class DevTools:
                     return event
             seen = len(self.events)
             assert time.monotonic() < deadline, f"waited {timeout} s for {what or found}"
-            for m in self._receive(deadline - time.monotonic()):
-                if "method" in m:
-                    self._event(m)
+            m = self._receive(deadline - time.monotonic())
+            if m is not None and "method" in m:
+                self._event(m)
 
     def open(self, url: str) -> str:
         """A new tab showing `url` (navigation started, not waited for); its session id."""
