@@ -1,4 +1,4 @@
-"""DVC stage `evaluate@<model>`: score the best checkpoint on the test split.
+"""DVC stage `evaluate@<model>`: score the best checkpoint on the test splits.
 
 What is measured is the model's task's (conf/model/<model>.yaml `task.evaluate`, in
 attnlab.evaluation). Seq2seq models: beam search (model.decoding: beam_size, alpha) over the test split on the
@@ -6,11 +6,15 @@ device that `device` names (conf/device/*.yaml, one process), detokenized, score
 sacreBLEU (corpus BLEU cased 13a, lowercased BLEU, chrF); the translations go to
 metrics/<model>.hyp.txt. metrics/<model>.json also says what was measured, as MT papers
 report it: corpus, src_lang, tgt_lang, test_set, the decoding settings and the sacreBLEU
-signatures. NW: test MSE against D2L's average-pooling and non-parametric baselines.
+signatures. The further test splits of data.more_test_splits (Multi30k: test_2017_flickr) are
+scored the same way, into metrics/<model>.json → more_test_sets and MLflow test_bleu/<name>,
+...; their translations go to the MLflow run (evaluation/<name>.hyp.txt). NW: test MSE
+against D2L's average-pooling and non-parametric baselines.
 Writes metrics/<model>.json and logs test_* metrics (and, for translation, the test set,
 decoding and signatures as tags) to the model's MLflow run.
     python src/evaluate.py model=transformer
 """
+import tempfile
 from pathlib import Path
 
 import hydra
@@ -45,7 +49,10 @@ def main(cfg: DictConfig) -> None:
         hyp_path = write_lines_atomic(metrics_path.with_suffix(".hyp.txt"), result.hypotheses)
         artifacts = [(hyp_path, "evaluation")]
     write_json_atomic(metrics_path, result.scores)
-    log_to_run(record["run_id"], record["tracking_uri"], result.logged, artifacts, result.tags)
+    with tempfile.TemporaryDirectory() as tmp:  # further test sets' translations: MLflow only
+        for test_set, lines in result.more_hypotheses.items():
+            artifacts.append((write_lines_atomic(Path(tmp) / f"{test_set}.hyp.txt", lines), "evaluation"))
+        log_to_run(record["run_id"], record["tracking_uri"], result.logged, artifacts, result.tags)
     print(summaries.evaluate_summary(name, result.scores, metrics_path, record, hyp_path, result.logged))
 
 

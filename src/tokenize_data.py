@@ -1,10 +1,11 @@
 """DVC stage `tokenize`: corpus text → a tokenizer and token-id arrays.
 
 Sentencepiece corpora (data=multi30k, data=fra_eng) write to
-data/tokenized/<corpus>-<src>-<tgt>/: spm.model, spm.vocab, {train,val,test}.npz
-(token ids), {val,test}.{src,tgt}.txt (normalized text) and stats.json.
+data/tokenized/<corpus>-<src>-<tgt>/: spm.model, spm.vocab, <split>.npz (token ids) for
+train, val, test and any further test split of data.splits (Multi30k: test_2017),
+<split>.{src,tgt}.txt (normalized text) for all but train, and stats.json.
 Training pairs with an empty side, or with data.max_len or more tokens on a
-side, are dropped (attnlab.data.tokenizer.filter_pairs); val and test keep every
+side, are dropped (attnlab.data.tokenizer.filter_pairs); val and the test splits keep every
 pair so they stay aligned with their references. stats.json and the printout
 (one line per split, then a summary) give the counts.
 data=fra_eng_d2l writes D2L's fixed-length arrays instead (see attnlab.data.d2l):

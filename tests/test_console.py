@@ -142,14 +142,18 @@ def test_dvc_stage_evaluate_and_export_print_only_their_summaries(trained, conso
     scores = json.loads((root / "metrics/transformer.json").read_text())
     logged = client.get_run(run_id).data.metrics
     assert (logged["test_bleu"], logged["test_chrf"]) == (scores["bleu"], scores["chrf"])
+    more = scores["more_test_sets"]["test_2017_flickr"]
+    assert logged["test_chrf/test_2017_flickr"] == more["chrf"]
     assert evaluated.out.splitlines() == [
         "transformer: 4 test sentences scored",
         f"  test_bleu  : {scores['bleu']:.2f} (sacreBLEU, cased, 13a)",
         f"  bleu_lc    : {scores['bleu_lc']:.2f}",
         f"  chrF       : {scores['chrf']:.2f}",
+        f"  also       : test_2017_flickr: BLEU {more['bleu']:.2f}, bleu_lc {more['bleu_lc']:.2f}, "
+        f"chrF {more['chrf']:.2f} (4 sentences)",
         f"  metrics    : {root / 'metrics/transformer.json'}",
         f"  hypotheses : {root / 'metrics/transformer.hyp.txt'}",
-        f"  MLflow run : {run_id} (logged test_bleu, test_bleu_lc, test_chrf)",
+        f"  MLflow run : {run_id} (logged test_bleu, test_bleu_lc, test_chrf, test_*/test_2017_flickr)",
         *links]
 
     monkeypatch.setenv("DVC_STAGE", "export@transformer")

@@ -1,6 +1,7 @@
 """Data stages: download (checksums, atomic writes), corpus readers, sentencepiece, batching."""
 import gzip
 import hashlib
+import os
 import zipfile
 from pathlib import Path
 
@@ -145,6 +146,45 @@ def test_tokenizer_round_trips_and_split_arrays(sp, tmp_path):
     assert [list(map(int, s)) for s in src] == sp.encode([e for e, _ in pairs])
     assert [list(map(int, t)) for t in tgt] == sp.encode([f for _, f in pairs])
     assert np.load(tmp_path / "s.npz")["src_ids"].dtype == np.int32
+
+
+def test_the_same_sentences_give_the_same_model_bytes_in_any_folder(tmp_path):
+    """No path is recorded (DVC sees an unchanged tokenizer after a re-run elsewhere), and the
+    .vocab is sentencepiece's own format: a piece and its score per line, in id order."""
+    from sentencepiece import sentencepiece_model_pb2
+
+    text = [s for e, f, _ in sentences() for s in (e, f)]
+    train_sentencepiece(text, tmp_path / "a" / "spm", vocab_size=120)
+    train_sentencepiece(text, tmp_path / "b" / "c" / "tok", vocab_size=120)
+    model = (tmp_path / "a/spm.model").read_bytes()
+    assert model == (tmp_path / "b/c/tok.model").read_bytes()
+    proto = sentencepiece_model_pb2.ModelProto.FromString(model)
+    assert (proto.trainer_spec.model_prefix, list(proto.trainer_spec.input)) == ("", [])
+    assert str(tmp_path).encode() not in model
+    assert sorted(p.name for p in tmp_path.rglob("*") if p.is_file()) == [
+        "spm.model", "spm.vocab", "tok.model", "tok.vocab"]  # no temporary file left
+    # sentencepiece's own files, trained to a prefix with the same settings: the same pieces,
+    # and the same .vocab to the byte
+    import sentencepiece as spm
+
+    spm.SentencePieceTrainer.train(
+        sentence_iterator=iter(text), model_prefix=str(tmp_path / "own"), vocab_size=120,
+        model_type="bpe", character_coverage=1.0, pad_id=PAD_ID, unk_id=UNK_ID, bos_id=BOS_ID,
+        eos_id=EOS_ID, hard_vocab_limit=False, seed_sentencepiece_size=1_000_000, minloglevel=2)
+    own = sentencepiece_model_pb2.ModelProto.FromString((tmp_path / "own.model").read_bytes())
+    assert [(p.piece, p.score, p.type) for p in proto.pieces] == [(p.piece, p.score, p.type) for p in own.pieces]
+    assert (tmp_path / "a/spm.vocab").read_bytes() == (tmp_path / "own.vocab").read_bytes()
+    assert own.trainer_spec.model_prefix == str(tmp_path / "own")  # what ours leaves out
+
+
+def test_the_model_bytes_do_not_depend_on_the_machines_cores(tmp_path, monkeypatch):
+    text = [s for e, f, _ in sentences() for s in (e, f)]
+    models = []
+    for cores in (1, 2, 16):
+        monkeypatch.setattr(os, "cpu_count", lambda: cores)
+        train_sentencepiece(text, tmp_path / str(cores) / "spm", vocab_size=120)
+        models.append((tmp_path / str(cores) / "spm.model").read_bytes())
+    assert models[0] == models[1] == models[2]
 
 
 def test_empty_training_split_is_an_error(tmp_path):

@@ -1,6 +1,7 @@
 """Decoding: beam search against hand-computed sequence probabilities; the Transformer's
 KV-cached step against the full-prefix recomputation; beam 1 against greedy."""
 import math
+import re
 
 import pytest
 import torch
@@ -269,6 +270,17 @@ def test_no_tokens_for_a_limit_of_zero_or_less(beam_size):
         assert decode(m.init_state, m.step, src, valid, limit).shape == (3, 0)
     out = decode(m.init_state, m.step, src, valid, torch.tensor([-1, 2, 0]))
     assert out.tolist() == [[PAD_ID] * 2, [A] * 2, [PAD_ID] * 2]
+
+
+@pytest.mark.parametrize("beam_size", [1, 3])
+@pytest.mark.parametrize("limits", [torch.tensor([5, 5]), torch.tensor(5), torch.tensor([[5], [5], [5]])])
+def test_a_limit_tensor_must_give_one_limit_per_sentence(beam_size, limits):
+    m = LoopModel()
+    src, valid = torch.zeros(3, 4, dtype=torch.long), torch.tensor([4, 4, 4])
+    decode = greedy_decode if beam_size == 1 else (lambda *a: beam_search(*a, beam_size=beam_size))
+    with pytest.raises(ValueError, match=r"max_len must be an int or a \(3,\) tensor, one limit per "
+                       rf"sentence of src; got shape {re.escape(str(tuple(limits.shape)))}"):
+        decode(m.init_state, m.step, src, valid, limits)
 
 
 def test_the_length_limit_is_each_sentences_own():

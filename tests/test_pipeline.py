@@ -92,6 +92,10 @@ def project(tmp_path_factory):
 
 
 def test_every_stage_wrote_its_outputs(project):
+    from attnlab.checkpoint import load_net
+    from attnlab.data.tokenizer import load_sentencepiece
+    from attnlab.decoding import translate_text
+
     assert (project / "data/raw/multi30k/train.en.gz").exists()
     assert (project / "data/raw/fra-eng.zip").exists()
     tok = project / "data/tokenized/multi30k-en-fr"
@@ -106,6 +110,7 @@ def test_every_stage_wrote_its_outputs(project):
     assert nw["mse_gaussian"] == pytest.approx(nw["mse_nonparametric"])  # both σ = 1
     assert {"mse_boxcar", "mse_epanechnikov"} <= set(nw)
     references = _test_references(project, "fr")
+    tokenizer = load_sentencepiece(tok / "spm.model")
     for m in SEQ2SEQ:
         scores = json.loads((project / f"metrics/{m}.json").read_text())
         hypotheses = (project / f"metrics/{m}.hyp.txt").read_text().splitlines()
@@ -115,6 +120,20 @@ def test_every_stage_wrote_its_outputs(project):
         assert scores["bleu_lc"] == sacrebleu.corpus_bleu(hypotheses, [references], lowercase=True).score
         assert scores["chrf"] == sacrebleu.corpus_chrf(hypotheses, [references]).score
         _assert_says_what_it_measured(scores, "en", "fr")
+        # data.more_test_splits: test_2017_flickr, decoded with the same settings into the run
+        more = scores["more_test_sets"]["test_2017_flickr"]
+        hyps_2017 = _logged_hypotheses(project, m, "test_2017_flickr")
+        refs_2017 = _test_references(project, "fr", "test_2017_flickr")
+        assert more["num_sentences"] == len(hyps_2017) == len(refs_2017) == 4
+        assert more["bleu"] == sacrebleu.corpus_bleu(hyps_2017, [refs_2017]).score
+        assert more["bleu_lc"] == sacrebleu.corpus_bleu(hyps_2017, [refs_2017], lowercase=True).score
+        assert more["chrf"] == sacrebleu.corpus_chrf(hyps_2017, [refs_2017]).score
+        net = load_net(project / f"checkpoints/{m}/best.ckpt", expected_kind=m).eval()
+        sources_2017 = (tok / "test_2017.src.txt").read_text(encoding="utf-8").splitlines()
+        assert sources_2017 == _test_references(project, "en", "test_2017_flickr")
+        assert hyps_2017 == translate_text(net.init_state, net.step, tokenizer, sources_2017,
+                                           beam_size=scores["decoding"]["beam_size"],
+                                           alpha=scores["decoding"]["alpha"])
 
 
 def test_head_importance_masks_each_head_of_the_trained_transformer(project):
@@ -140,12 +159,23 @@ def test_head_importance_masks_each_head_of_the_trained_transformer(project):
         assert (project / "plots/heads/transformer" / name).stat().st_size > 0
 
 
-def _test_references(project: Path, lang: str) -> list[str]:
-    """The test_2016_flickr side `lang` of the project's raw Multi30k, as evaluate scores it."""
+def _test_references(project: Path, lang: str, test_set: str = "test_2016_flickr") -> list[str]:
+    """The `test_set` side `lang` of the project's raw Multi30k, as evaluate scores it."""
     import gzip
 
-    raw = project / f"data/raw/multi30k/test_2016_flickr.{lang}.gz"
+    raw = project / f"data/raw/multi30k/{test_set}.{lang}.gz"
     return [line.strip() for line in gzip.decompress(raw.read_bytes()).decode().splitlines()]
+
+
+def _logged_hypotheses(project: Path, model: str, test_set: str) -> list[str]:
+    """The translations of `test_set` that evaluate logged to `model`'s MLflow run."""
+    from mlflow.tracking import MlflowClient
+
+    client = MlflowClient(tracking_uri=f"sqlite:///{project}/mlflow.db")
+    run_id = json.loads((project / f"runs/{model}.json").read_text())["run_id"]
+    local = client.download_artifacts(run_id, f"evaluation/{test_set}.hyp.txt",
+                                      str(project / f"dl-hyp-{model}"))
+    return Path(local).read_text(encoding="utf-8").splitlines()
 
 
 def _assert_says_what_it_measured(scores: dict, src_lang: str, tgt_lang: str) -> None:
@@ -197,6 +227,9 @@ def test_mlflow_store_has_runs_metrics_and_heatmaps(project):
         assert tags["test_bleu_signature"] == scores["signature"]["bleu"]
         assert json.loads(tags["test_decoding"]) == scores["decoding"]
         assert run.data.metrics["test_bleu"] == scores["bleu"]
+        more = scores["more_test_sets"]["test_2017_flickr"]
+        assert [run.data.metrics[f"{k}/test_2017_flickr"] for k in ("test_bleu", "test_bleu_lc", "test_chrf")] == [
+            more["bleu"], more["bleu_lc"], more["chrf"]]
         losses = [h.value for h in client.get_metric_history(run.info.run_id, "train_loss")]
         assert losses[-1] < losses[0]
         assert any(f.startswith("attention/sent0_") for f in artifacts(run.info.run_id))
@@ -732,10 +765,20 @@ def test_metrics_diff_and_plots_diff_compare_experiments(experiments):
     # models: BLEU is 0 in both, chrF is not)
     diff = json.loads(dvc(experiments, "metrics", "diff", revs["baseline"], revs["lr"],
                           "--json").stdout)
-    old, new = (rows[name][2]["metrics/transformer.json"]["chrf"] for name in ("baseline", "lr"))
+    scores = {name: rows[name][2]["metrics/transformer.json"] for name in ("baseline", "lr")}
+    old, new = scores["baseline"]["chrf"], scores["lr"]["chrf"]
     assert old != new
-    assert diff == {"metrics/transformer.json": {"chrf": {"old": old, "new": new,
-                                                         "diff": pytest.approx(new - old)}}}
+    assert set(diff) == {"metrics/transformer.json"}
+    changed = diff["metrics/transformer.json"]
+    assert changed["chrf"] == {"old": old, "new": new, "diff": pytest.approx(new - old)}
+    # the other scores are listed only where they changed (here: maybe on test_2017_flickr)
+    flat = {name: {**{k: v for k, v in s.items() if isinstance(v, float)},
+                   **{f"more_test_sets.test_2017_flickr.{k}": v for k, v in
+                      s["more_test_sets"]["test_2017_flickr"].items() if isinstance(v, float)}}
+            for name, s in scores.items()}
+    assert changed == {k: {"old": flat["baseline"][k], "new": flat["lr"][k],
+                           "diff": pytest.approx(flat["lr"][k] - flat["baseline"][k])}
+                       for k in flat["baseline"] if flat["baseline"][k] != flat["lr"][k]}
     shown = dvc(experiments, "plots", "diff", *revs.values(), "--json")
     assert shown.returncode == 0, shown.stderr[-3000:]
     plots = json.loads(shown.stdout)["data"]

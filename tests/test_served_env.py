@@ -237,12 +237,11 @@ def test_generate_dockerfile_writes_a_self_contained_build_context(
         "init_state.pt2", "step.pt2", "attention.pt2", "spm.model", "config.json"}
     # No file points back into this repository or the store, records of origin aside:
     # .pt and .pt2 (TorchScript and torch.export keep the traced source files' names as debug
-    # info: stack traces in the graph's metadata), spm.model
-    # (sentencepiece's trainer_spec keeps its training input and prefix), __pycache__
-    # (bytecode of a process that imported the code in place in a local store; stale
-    # bytecode is regenerated). None of these paths is opened when the model loads.
+    # info: stack traces in the graph's metadata), __pycache__ (bytecode of a process that
+    # imported the code in place in a local store; stale bytecode is regenerated). None of these
+    # paths is opened when the model loads. spm.model records no path (train_sentencepiece).
     for path in out.rglob("*"):
-        if (not path.is_file() or path.suffix in (".pt", ".pt2") or path.name == "spm.model"
+        if (not path.is_file() or path.suffix in (".pt", ".pt2")
                 or "__pycache__" in path.parts):
             continue
         text = path.read_bytes()

@@ -60,14 +60,16 @@ LONG_FR = " ".join(["un chien voit la mer"] * 10)
 
 def _raw_corpus(root: Path) -> list[tuple[str, str]]:
     """data/raw/multi30k with the tiny corpus plus 4 empty-side and 2 over-long train pairs,
-    and one empty and one over-long pair in val and in test."""
+    and one empty and one over-long pair in val and in test (test_2016_flickr); test_2017_flickr
+    is 5 pairs, one with an empty side."""
     train = [(e, f) for e, f, _ in sentences()[:40]]
     train[3:3] = [("", "Un chien."), ("A dog.", " \u00a0 "), ("", "")]  # 3 empty pairs
     train += [(LONG_EN, "Un chien."), ("A man.", LONG_FR), ("\u202f", "La mer.")]  # 2 long, 1 empty
     held = [(e, f) for e, f, _ in sentences()[40:44]]
     raw = root / "data" / "raw" / "multi30k"
     for split, pairs in {"train": train, "val": held + [("", "Rien."), (LONG_EN, "Long.")],
-                         "test_2016_flickr": [(LONG_EN, LONG_FR), ("", "")] + held}.items():
+                         "test_2016_flickr": [(LONG_EN, LONG_FR), ("", "")] + held,
+                         "test_2017_flickr": held[::-1] + [("A cat.", "")]}.items():
         _gz(raw / f"{split}.en.gz", [e for e, _ in pairs])
         _gz(raw / f"{split}.fr.gz", [f for _, f in pairs])
     return train
@@ -89,7 +91,8 @@ def test_tokenize_drops_empty_and_long_train_pairs_keeps_val_test_and_reports_co
     assert stats["splits"] == {
         "train": {"pairs": 46, "empty": 4, "too_long": 2, "kept": 40},
         "val": {"pairs": 6, "empty": 1, "too_long": 1, "kept": 6},
-        "test": {"pairs": 6, "empty": 1, "too_long": 1, "kept": 6}}
+        "test": {"pairs": 6, "empty": 1, "too_long": 1, "kept": 6},
+        "test_2017": {"pairs": 5, "empty": 1, "too_long": 0, "kept": 5}}  # data.more_test_splits
     sp = load_sentencepiece(out / "spm.model")
     assert stats["vocab_size"] == {"requested": 5000, "actual": sp.get_piece_size()}
     assert sp.get_piece_size() < 5000  # the tiny corpus gives fewer: an upper bound, reported
@@ -99,6 +102,9 @@ def test_tokenize_drops_empty_and_long_train_pairs_keeps_val_test_and_reports_co
     val_src, _ = load_split(out / "val.npz")
     assert len(val_src) == 6 and len(val_src[4]) == 0 and len(val_src[5]) >= 50
     assert read_lines(out / "test.src.txt") == read_lines(tmp_path / "data/raw/multi30k/test_2016_flickr.en.gz")
+    raw_2017 = tmp_path / "data/raw/multi30k/test_2017_flickr"
+    assert read_lines(out / "test_2017.src.txt") == read_lines(raw_2017.with_suffix(".en.gz"))
+    assert read_lines(out / "test_2017.tgt.txt") == read_lines(raw_2017.with_suffix(".fr.gz"))
     printed = capsys.readouterr().out
     assert "train: 40 pairs kept of 46 (dropped 4 with an empty side, 2 with ≥ 50 tokens on a side)" in printed
     assert "val: 6 pairs, all kept (1 with an empty side, 1 with ≥ 50 tokens on a side)" in printed

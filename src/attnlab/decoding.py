@@ -40,11 +40,23 @@ def max_output_len(src_len: int | torch.Tensor, a: float = 1.5, b: int = 10,
     return min(int(a * src_len + b), cap)
 
 
-def _caps(max_len: int | torch.Tensor, batch: int, device) -> torch.Tensor:
-    """``max_len`` as a (batch,) int64 tensor of per-sentence limits."""
+def _limits(max_len: int | torch.Tensor, src: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Each sentence's limit, ``max_len`` as a (B,) int64 tensor, and the output both loops fill:
+    (B, longest limit) int64, all <pad> (no column for limits ≤ 0).
+
+    Raises:
+        ValueError: ``max_len`` is a tensor of another shape than (B,).
+    """
+    B, dev = src.shape[0], src.device
     if isinstance(max_len, torch.Tensor):
-        return max_len.to(device=device, dtype=torch.long)
-    return torch.full((batch,), int(max_len), dtype=torch.long, device=device)
+        if tuple(max_len.shape) != (B,):
+            raise ValueError(f"max_len must be an int or a ({B},) tensor, one limit per sentence "
+                             f"of src; got shape {tuple(max_len.shape)}")
+        caps = max_len.to(device=dev, dtype=torch.long)
+    else:
+        caps = torch.full((B,), int(max_len), dtype=torch.long, device=dev)
+    width = max(int(caps.max()), 0) if B else 0
+    return caps, torch.full((B, width), PAD_ID, dtype=torch.long, device=dev)
 
 
 def _select(state: Sequence[torch.Tensor], rows: torch.Tensor) -> list[torch.Tensor]:
@@ -71,10 +83,11 @@ def greedy_decode(init_state: Callable, step: Callable, src: torch.Tensor,
         (B, T) int64 generated ids without <bos>; after a sentence's <eos>, or past its
         limit, every position is <pad>. T is the number of steps taken: decoding stops once
         every sentence has ended.
+    Raises:
+        ValueError: a ``max_len`` tensor of another shape than (B,).
     """
     B, dev = src.shape[0], src.device
-    caps = _caps(max_len, B, dev)
-    out = torch.full((B, max(int(caps.max()), 0) if B else 0), PAD_ID, dtype=torch.long, device=dev)
+    caps, out = _limits(max_len, src)
     open_ = (caps > 0).nonzero()[:, 0]  # the sentences still decoding (rows of src)
     if len(open_) == 0:
         return out[:, :0]
@@ -130,18 +143,20 @@ def beam_search(init_state: Callable, step: Callable, src: torch.Tensor,
         number of steps taken. A sentence's row depends on that sentence alone, not on its
         batch-mates.
     Raises:
-        ValueError: if beam_size < 1 or alpha < 0.
+        ValueError: if beam_size < 1 or alpha < 0, or a ``max_len`` tensor of another shape
+            than (B,).
     """
     if beam_size < 1 or alpha < 0:
         raise ValueError(f"need beam_size ≥ 1 and alpha ≥ 0; got beam_size={beam_size}, alpha={alpha}")
     B, K, dev = src.shape[0], beam_size, src.device
-    caps = _caps(max_len, B, dev)
-    out = torch.full((B, max(int(caps.max()), 0) if B else 0), PAD_ID, dtype=torch.long, device=dev)
+    caps, out = _limits(max_len, src)
     if B == 0 or not bool((caps > 0).any()):
         return out[:, :0]
     state = _select(init_state(src, src_valid_lens), torch.arange(B, device=dev).repeat_interleave(K))
     beams = torch.arange(K, device=dev)
     open_ = torch.arange(B, device=dev)  # the sentences still decoding; hypothesis b·K + k is open_[b]'s k-th
+    first = open_[:, None] * K  # (b, 1): each open sentence's first hypothesis row
+    hyp_caps = caps.repeat_interleave(K)  # (b·K,): each hypothesis's sentence's limit
     ys = torch.full((B * K, 1), BOS_ID, dtype=torch.long, device=dev)
     scores = torch.full((B, K), float("-inf"), device=dev)
     scores[:, 0] = 0.0  # all beams start identical: expand only the first
@@ -150,7 +165,7 @@ def beam_search(init_state: Callable, step: Callable, src: torch.Tensor,
     shared = [True] * len(state)  # still init_state's tensor, the same in every hypothesis of a sentence
     t = 0
     while True:
-        finished = finished | (caps.index_select(0, open_) <= t).repeat_interleave(K)  # frozen at its limit
+        finished = finished | (hyp_caps <= t)  # frozen at its limit
         done = finished.view(-1, K).all(1)
         if bool(done.any()):  # pick each done sentence's answer, then drop it from the batch
             ended = done.nonzero()[:, 0]
@@ -161,9 +176,9 @@ def beam_search(init_state: Callable, step: Callable, src: torch.Tensor,
             if len(keep) == 0:
                 return out[:, :t]
             rows = (keep[:, None] * K + beams).reshape(-1)
-            open_, scores = open_.index_select(0, keep), scores.index_select(0, keep)
+            open_, scores, first = open_.index_select(0, keep), scores.index_select(0, keep), first[:len(keep)]
             ys, finished, lengths = ys.index_select(0, rows), finished.index_select(0, rows), lengths.index_select(0, rows)
-            state = _select(state, rows)
+            hyp_caps, state = hyp_caps.index_select(0, rows), _select(state, rows)
         logits, *new_state = step(ys, *state)
         logp = torch.log_softmax(logits.float(), dim=-1)  # (b·K, V)
         V = logp.shape[-1]
@@ -172,7 +187,7 @@ def beam_search(init_state: Callable, step: Callable, src: torch.Tensor,
         if bool(finished.any()):
             logp = torch.where(finished[:, None], pad_only, logp)
         top, flat = (scores.reshape(-1, 1) + logp).reshape(-1, K * V).topk(K, dim=-1)  # (b, K)
-        src_rows = (torch.arange(len(open_), device=dev)[:, None] * K + flat // V).reshape(-1)
+        src_rows = (first + flat // V).reshape(-1)
         tokens = (flat % V).reshape(-1, 1)
         ys = torch.cat([ys.index_select(0, src_rows), tokens], dim=1)
         shared = [same and new is old for same, new, old in zip(shared, new_state, state)]

@@ -25,7 +25,9 @@ BATCH_SIZE = 128  # test sentences decoded together (sorted by length)
 
 
 class NoTestSplitError(ValueError):
-    """The data has no test split to score (D2L's fra_eng_d2l); names the command that scores it."""
+    """A test split evaluate cannot score: the data has none (D2L's fra_eng_d2l: names the command
+    that scores it), ``data.more_test_splits`` names one the corpus lacks, or the tokenized folder
+    lacks a split's text (it predates the config: names the stage that writes it)."""
 
 
 @dataclass
@@ -34,13 +36,15 @@ class Evaluation:
 
     scores: what ``metrics/<model>.json`` holds; logged: MLflow metric name → value (``test_*``);
     tags: MLflow tags of what was measured; hypotheses: the test translations, in order (one
-    line each in ``metrics/<model>.hyp.txt``), or ``None`` for a model that does not translate.
+    line each in ``metrics/<model>.hyp.txt``), or ``None`` for a model that does not translate;
+    more_hypotheses: test set name → its translations, for each of ``data.more_test_splits``.
     """
 
     scores: dict
     logged: dict[str, float]
     tags: dict[str, str] = field(default_factory=dict)
     hypotheses: list[str] | None = None
+    more_hypotheses: dict[str, list[str]] = field(default_factory=dict)
 
 
 def evaluate_translation(cfg: DictConfig, net: nn.Module) -> Evaluation:
@@ -49,34 +53,89 @@ def evaluate_translation(cfg: DictConfig, net: nn.Module) -> Evaluation:
     chrF). The scores also say what was measured, as MT papers report it: corpus, src_lang,
     tgt_lang, test_set, the decoding settings and the sacreBLEU signatures.
 
+    Each split of ``data.more_test_splits`` (keys of ``data.splits``: Multi30k's test_2017_flickr)
+    is decoded and scored the same way and reported under its file's name: ``more_test_sets``
+    in the scores (bleu, bleu_lc, chrf, num_sentences) and MLflow metrics ``test_bleu/<name>``,
+    ``test_bleu_lc/<name>`` and ``test_chrf/<name>``. The flat ``bleu``, ``bleu_lc`` and ``chrf``
+    stay the main test set's (``data.test_set``).
+
     Raises:
         NoTestSplitError: ``data`` has no test split (``data.test_set`` unset: D2L's fra_eng_d2l,
-            or the synthetic data of NW).
+            or the synthetic data of NW); ``data.more_test_splits`` is not a list of distinct
+            further test splits of ``data.splits``; or the tokenized folder lacks a split's
+            text (it predates the config: re-run the tokenize stage). All checked before
+            anything is decoded.
         DeviceUnavailableError: the device is not available here.
     """
     if cfg.data.get("test_set") is None:
         fix = (f"D2L scores its models with `python src/d2l_table.py data={cfg.data.name} model={cfg.model.name}`"
                if cfg.data.get("tokenize") else f"model={cfg.model.name} translates: choose data=multi30k or data=fra_eng")
         raise NoTestSplitError(f"data={cfg.data.name} has no test split; {fix}")
-    device = single_device(cfg.device)
+    more = _more_test_splits(cfg.data)
     tok_dir = Path(cfg.paths.tokenized)
+    for split in ("test", *more.values()):
+        missing = [f for f in (f"{split}.src.txt", f"{split}.tgt.txt") if not (tok_dir / f).is_file()]
+        if missing:
+            raise NoTestSplitError(
+                f"{tok_dir} has no {' or '.join(missing)}: it was tokenized before data.splits "
+                f"had `{split}`; re-run the tokenize stage (`dvc repro tokenize`, or "
+                f"`python src/tokenize_data.py data={cfg.data.name}`)")
+    device = single_device(cfg.device)
     tokenizer = load_sentencepiece(tok_dir / "spm.model")
-    sources, references = read_lines(tok_dir / "test.src.txt"), read_lines(tok_dir / "test.tgt.txt")
     decoding = {**OmegaConf.to_container(cfg.model.decoding, resolve=True), "batch_size": BATCH_SIZE,
                 "length_penalty": LENGTH_PENALTY, "max_len": MAX_OUTPUT_LEN}
-    hypotheses = translate_text(net.to(device).init_state, net.step, tokenizer, sources,
-                                batch_size=BATCH_SIZE, device=device,
-                                beam_size=decoding["beam_size"], alpha=decoding["alpha"])
+
+    def score(split: str) -> tuple[dict, list[str]]:
+        sources, references = (read_lines(tok_dir / f"{split}.src.txt"),
+                               read_lines(tok_dir / f"{split}.tgt.txt"))
+        hypotheses = translate_text(net.to(device).init_state, net.step, tokenizer, sources,
+                                    batch_size=BATCH_SIZE, device=device,
+                                    beam_size=decoding["beam_size"], alpha=decoding["alpha"])
+        return {**corpus_scores(hypotheses, references), "num_sentences": len(hypotheses)}, hypotheses
+
+    main, hypotheses = score("test")
+    scored = {name: score(key) for name, key in more.items()}
     measured = {"corpus": cfg.data.name, "src_lang": cfg.data.src_lang,
                 "tgt_lang": cfg.data.tgt_lang, "test_set": cfg.data.test_set}
     signatures = sacrebleu_signatures()
-    scores = {**corpus_scores(hypotheses, references), "num_sentences": len(hypotheses),
-              **measured, "decoding": decoding, "signature": signatures}
+    scores = {**main, **measured, "decoding": decoding, "signature": signatures}
+    logged = {"test_bleu": main["bleu"], "test_bleu_lc": main["bleu_lc"], "test_chrf": main["chrf"]}
+    if scored:
+        scores["more_test_sets"] = {name: s for name, (s, _) in scored.items()}
+        for name, (s, _) in scored.items():
+            logged.update({f"test_bleu/{name}": s["bleu"], f"test_bleu_lc/{name}": s["bleu_lc"],
+                           f"test_chrf/{name}": s["chrf"]})
     return Evaluation(
-        scores, {"test_bleu": scores["bleu"], "test_bleu_lc": scores["bleu_lc"], "test_chrf": scores["chrf"]},
+        scores, logged,
         {**measured, "test_decoding": json.dumps(decoding, ensure_ascii=False),
          **{f"test_{k}_signature": v for k, v in signatures.items()}},
-        hypotheses)
+        hypotheses, {name: h for name, (_, h) in scored.items()})
+
+
+def _more_test_splits(data: DictConfig) -> dict[str, str]:
+    """``data.more_test_splits`` as {test set name (its file's): key of ``data.splits``}.
+
+    Raises:
+        NoTestSplitError: not a list, an entry twice or naming a file twice, or an entry that
+            is not a further test split of ``data.splits`` (train, val and test are not).
+    """
+    keys = data.get("more_test_splits") or []
+    splits = data.get("splits") or {}
+    fix = "list further test splits of data.splits, or set data.more_test_splits=[]"
+    if not (OmegaConf.is_list(keys) or isinstance(keys, list)):
+        raise NoTestSplitError(f"data.more_test_splits must be a list of keys of data.splits "
+                               f"(e.g. [test_2017]), not {keys!r}; {fix}")
+    more: dict[str, str] = {}
+    for key in keys:
+        if key in ("train", "val", "test") or key not in splits:
+            known = ", ".join(splits) if splits else f"data={data.name} has no data.splits"
+            raise NoTestSplitError(f"data.more_test_splits names {key!r}, which is not a further "
+                                   f"test split of data.splits ({known}); {fix}")
+        if splits[key] in more:
+            raise NoTestSplitError(f"data.more_test_splits names {splits[key]} twice "
+                                   f"({more[splits[key]]!r} and {key!r}); {fix}")
+        more[splits[key]] = key
+    return more
 
 
 def evaluate_regression(cfg: DictConfig, net: nn.Module) -> Evaluation:

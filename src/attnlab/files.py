@@ -36,6 +36,14 @@ def write_text_atomic(path: Path, text: str) -> Path:
     return path
 
 
+def write_bytes_atomic(path: Path, data: bytes) -> Path:
+    """Write ``data`` to ``path`` (parents created) via temp file + ``os.replace``."""
+    path = Path(path)
+    with _atomic_file(path, binary=True) as f:
+        f.write(data)
+    return path
+
+
 def write_lines_atomic(path: Path, lines) -> Path:
     """One line per item, each ending in a newline."""
     return write_text_atomic(path, "".join(line + "\n" for line in lines))

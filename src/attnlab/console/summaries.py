@@ -108,7 +108,8 @@ def evaluate_summary(name: str, scores: dict, metrics_path: Path, record: dict,
     Args:
         name: model name.
         scores: what ``metrics/<model>.json`` holds: seq2seq ``bleu``, ``bleu_lc``, ``chrf``
-            (sacreBLEU, 0-100) and ``num_sentences``; NW ``mse``, ``mse_nonparametric``,
+            (sacreBLEU, 0-100) and ``num_sentences`` (the same of each further test set in
+            ``more_test_sets``: a row ``also`` each); NW ``mse``, ``mse_nonparametric``,
             ``mse_average_pooling``, ``w``, ``mse_<kernel>``, ``kernel_width``.
         metrics_path: the metrics JSON file.
         record: the ``runs/<model>.json`` record (``run_id``, ``tracking_uri``).
@@ -119,6 +120,12 @@ def evaluate_summary(name: str, scores: dict, metrics_path: Path, record: dict,
         title = f"{name}: {scores.get('num_sentences', '?')} test sentences scored"
         rows = [("test_bleu", f"{scores['bleu']:.2f} (sacreBLEU, cased, 13a)"),
                 ("bleu_lc", f"{scores['bleu_lc']:.2f}"), ("chrF", f"{scores['chrf']:.2f}")]
+        more = scores.get("more_test_sets", {})
+        rows += [("also", f"{test_set}: BLEU {s['bleu']:.2f}, bleu_lc {s['bleu_lc']:.2f}, "
+                          f"chrF {s['chrf']:.2f} ({s['num_sentences']} sentences)")
+                 for test_set, s in more.items()]
+        # test_bleu/<name>, test_bleu_lc/<name>, test_chrf/<name>: named once, not three times
+        logged = [k for k in logged if "/" not in k] + [f"test_*/{name}" for name in more]
     else:
         title = f"{name}: test MSE"
         rows = [("test MSE", f"{scores['mse']:.4f} (learned w {scores['w']:.4f})"),

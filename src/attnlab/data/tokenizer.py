@@ -22,6 +22,7 @@ tokenizer interface as D2L's word vocabularies (:class:`attnlab.data.d2l.D2LToke
 """
 from __future__ import annotations
 
+import io
 import os
 import re
 from pathlib import Path
@@ -31,7 +32,8 @@ import sentencepiece as spm
 
 from attnlab.data.corpora import TokenizeError, TokenizeReport, load_splits
 from attnlab.data.special_tokens import BOS_ID, EOS_ID, PAD_ID, UNK_ID
-from attnlab.files import staged_dir, write_json_atomic, write_lines_atomic, write_npz_atomic
+from attnlab.files import (staged_dir, write_bytes_atomic, write_json_atomic, write_lines_atomic,
+                           write_npz_atomic, write_text_atomic)
 
 # sentencepiece's RuntimeError texts for a vocabulary size the corpus cannot give.
 _TOO_HIGH = re.compile(r"Vocabulary size too high \((\d+)\)\. Please set it to a value <= (\d+)")
@@ -67,8 +69,12 @@ def train_sentencepiece(sentences: list[str], model_prefix: Path, vocab_size: in
     ``vocab_size`` is an upper bound (``hard_vocab_limit=False``): a corpus
     too small for it gives fewer pieces (``get_piece_size()``), so a tiny
     corpus still trains. With ``hard_vocab_limit=True`` it is exact.
-    Empty sentences are skipped. Returns the loaded model (:func:`load_sentencepiece`). On any error
-    no file is left at ``<prefix>.*``.
+    Empty sentences are skipped. Returns the loaded model (:func:`load_sentencepiece`).
+    The model is trained in memory and written at the end (``.vocab`` first, as sentencepiece
+    writes it: a line ``piece<TAB>score`` per id), each file whole or not at all. It records
+    neither a path (``trainer_spec.model_prefix`` is empty) nor this machine's thread count
+    (``num_threads``, which changes no piece), so the same sentences and settings give the same
+    bytes in any folder on any machine: DVC then sees an unchanged tokenizer.
     Raises:
         ValueError: on an empty training corpus.
         VocabSizeError: ``vocab_size`` below the corpus's characters plus the
@@ -78,26 +84,28 @@ def train_sentencepiece(sentences: list[str], model_prefix: Path, vocab_size: in
     sentences = [s for s in sentences if s]
     if not sentences:
         raise ValueError("cannot train sentencepiece on an empty training split")
-    model_prefix = Path(model_prefix)
-    model_prefix.parent.mkdir(parents=True, exist_ok=True)
-    # Train into a temporary prefix, then rename: a killed run leaves no half model.
-    tmp_prefix = model_prefix.with_name(f".tmp-{os.getpid()}-{model_prefix.name}")
+    model = io.BytesIO()
     try:
         spm.SentencePieceTrainer.train(
-            sentence_iterator=iter(sentences), model_prefix=str(tmp_prefix),
+            sentence_iterator=iter(sentences), model_writer=model,
             vocab_size=vocab_size, model_type=model_type, character_coverage=character_coverage,
             pad_id=PAD_ID, unk_id=UNK_ID, bos_id=BOS_ID, eos_id=EOS_ID,
             hard_vocab_limit=hard_vocab_limit, seed_sentencepiece_size=seed_sentencepiece_size,
             num_threads=os.cpu_count() or 1, minloglevel=2)
     except RuntimeError as e:
-        for ext in (".model", ".vocab"):
-            Path(f"{tmp_prefix}{ext}").unlink(missing_ok=True)
         if (err := _vocab_size_error(e, vocab_size)) is not None:
             raise err from None
         raise
-    for ext in (".model", ".vocab"):
-        os.replace(f"{tmp_prefix}{ext}", f"{model_prefix}{ext}")
-    return load_sentencepiece(f"{model_prefix}.model")
+    from sentencepiece import sentencepiece_model_pb2
+
+    proto = sentencepiece_model_pb2.ModelProto.FromString(model.getvalue())
+    proto.trainer_spec.ClearField("num_threads")  # this machine's cores: the pieces do not depend on it
+    sp = spm.SentencePieceProcessor(model_proto=proto.SerializeToString())
+    model_prefix = Path(model_prefix)
+    write_text_atomic(model_prefix.with_name(model_prefix.name + ".vocab"), "".join(
+        f"{sp.id_to_piece(i)}\t{sp.get_score(i):g}\n" for i in range(sp.get_piece_size())))
+    path = write_bytes_atomic(model_prefix.with_name(model_prefix.name + ".model"), proto.SerializeToString())
+    return load_sentencepiece(path)
 
 
 def pad_sources(seqs: list[list[int]]):
@@ -271,8 +279,9 @@ def tokenize_sentencepiece(cfg, out: Path) -> TokenizeReport:
 
     Joint sentencepiece BPE on the training split (its pairs with text on both sides);
     into ``out``: ``spm.model``/``spm.vocab``, training pairs filtered by
-    :func:`filter_pairs`, val and test unfiltered (``{split}.npz``, plus
-    ``{val,test}.{src,tgt}.txt``), and ``stats.json`` (the rule and the counts).
+    :func:`filter_pairs`, the other splits of ``data.splits`` unfiltered (val, test and any
+    further test split such as Multi30k's ``test_2017``: ``{split}.npz``, plus
+    ``{split}.{src,tgt}.txt``), and ``stats.json`` (the rule and the counts).
     ``out`` is replaced only once all is written (:func:`attnlab.files.staged_dir`).
 
     Args:

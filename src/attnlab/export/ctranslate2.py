@@ -75,7 +75,7 @@ import torch
 from torch import nn
 
 from attnlab.data.special_tokens import BOS_ID, EOS_ID, UNK_ID
-from attnlab.decoding import has_text, max_output_len, strip_special
+from attnlab.decoding import decodable, max_output_len, strip_special
 from attnlab.files import staged_dir
 from attnlab.models.transformer import Transformer
 
@@ -511,14 +511,14 @@ class CTranslate2Translator:
     def translate(self, sentences: Sequence[str], beam_size: int = 1, alpha: float = 0.0,
                   batch_size: int = 128, patience: float = DEFAULT_PATIENCE) -> list[list[int]]:
         """Sentences in, generated ids out (specials stripped), input order — the contract of
-        :func:`attnlab.decoding.translate`: a sentence without text (:func:`attnlab.decoding.has_text`)
-        or without tokens gets ``[]``. Shapes, options and errors: :meth:`translate_ids`."""
+        :func:`attnlab.decoding.translate`, and its skip rule (:func:`attnlab.decoding.decodable`):
+        a sentence without text or without tokens gets ``[]``. Shapes, options and errors:
+        :meth:`translate_ids`."""
         sources: list[list[int]] = [[] for _ in sentences]
-        keep = [i for i, s in enumerate(sentences) if has_text(s)]
-        if keep:
-            src, valid = self.tokenizer.encode_sources([sentences[i] for i in keep])
-            for i, row, n in zip(keep, src.tolist(), valid.tolist()):
-                sources[i] = row[: n - 1]  # without the </s> the model appends
+        if len(sentences):
+            src, valid = self.tokenizer.encode_sources(list(sentences))
+            for i in decodable(sentences, valid).nonzero()[:, 0].tolist():
+                sources[i] = src[i, : int(valid[i]) - 1].tolist()  # without the </s> the model appends
         return self.translate_ids(sources, beam_size, alpha, batch_size, patience)
 
     def translate_text(self, sentences: Sequence[str], beam_size: int = 1, alpha: float = 0.0,

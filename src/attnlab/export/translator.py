@@ -165,7 +165,8 @@ class Translator:
     given, through :func:`attnlab.decoding.translate_text`, so it returns exactly
     the strings that function returns for the non-empty sentences.
     A sentence with nothing to translate (empty, whitespace, control or invisible format
-    characters alone: :func:`attnlab.decoding.has_text`) translates to "" without decoding.
+    characters alone, or no token but the </s>: :func:`attnlab.decoding.decodable`) translates
+    to "" without decoding, on every engine.
 
     Args:
         export_dir: a folder written by :func:`attnlab.export.trace.export_translation`.
