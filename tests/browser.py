@@ -134,6 +134,11 @@ class DevTools:
             stderr=subprocess.STDOUT, start_new_session=True)
         os.close(to_read)
         os.close(from_write)
+        self._attach(self._to, self._from)
+
+    def _attach(self, to_fd: int, from_fd: int) -> None:
+        """Speak the protocol over two pipe ends: ``to_fd`` (written), ``from_fd`` (read)."""
+        self._to, self._from = to_fd, from_fd
         self._buffer, self._id = b"", 0
         self._inbox: collections.deque[dict] = collections.deque()  # read, not yet taken
         self.events: list[dict] = []  # every event received, in order

@@ -8,7 +8,6 @@ waits for it in vain (a CI failure of test_explorer). Here the pipe is fed by ha
 """
 from __future__ import annotations
 
-import collections
 import json
 import os
 
@@ -19,11 +18,9 @@ def _client() -> tuple[DevTools, int, int]:
     """A DevTools client on two plain pipes; (client, the end Chromium would write, the end it
     would read)."""
     client = DevTools.__new__(DevTools)  # no Chromium: the pipes stand in for it
-    chromium_reads, client._to = os.pipe()
-    client._from, chromium_writes = os.pipe()
-    client._buffer, client._id = b"", 0
-    client._inbox = collections.deque()
-    client.events, client.frames = [], {}
+    chromium_reads, to_fd = os.pipe()
+    from_fd, chromium_writes = os.pipe()
+    client._attach(to_fd, from_fd)  # the state __init__ sets up once Chromium runs
     return client, chromium_writes, chromium_reads
 
 
