@@ -279,6 +279,8 @@ def _emit() -> list[str]:
     lightning_log.warning("a real Lightning warning")
     logging.getLogger("train").info("resuming from last.ckpt (epoch 1, step 11)")
     logging.getLogger("attnlab.lit.checkpoints").info("rank %d: checkpoint %s (exists: %s)", 0, "best.ckpt", True)
+    logging.getLogger("attnlab.lit.checkpoints").info("kept checkpoint: the mean of the weights after epochs %s",
+                                                      [5, 6, 7])
     with warnings.catch_warnings(record=True) as caught:
         warnings.warn("The 'train_dataloader' does not have many workers which may be a bottleneck.",
                       PossibleUserWarning)
@@ -291,7 +293,8 @@ def test_setup_hides_known_noise_keeps_real_warnings_and_verbose_keeps_everythin
     everything = ["GPU available: False, used: False",
                   "💡 Tip: For seamless cloud logging and experiment tracking, try installing litlogger",
                   "Experiment with name attnlab not found. Creating it.", "a real Lightning warning",
-                  "resuming from last.ckpt (epoch 1, step 11)", "rank 0: checkpoint best.ckpt (exists: True)"]
+                  "resuming from last.ckpt (epoch 1, step 11)", "rank 0: checkpoint best.ckpt (exists: True)",
+                  "kept checkpoint: the mean of the weights after epochs [5, 6, 7]"]
     both_warnings = ["The 'train_dataloader' does not have many workers which may be a bottleneck.",
                      "training loss is nan at step 3"]
 
@@ -317,7 +320,8 @@ def test_setup_outside_dvc_hides_only_the_noise(console_state):
     assert _emit() == ["training loss is nan at step 3"]
     assert out.getvalue().splitlines() == ["GPU available: False, used: False", "a real Lightning warning",
                                            "resuming from last.ckpt (epoch 1, step 11)",
-                                           "rank 0: checkpoint best.ckpt (exists: True)"]
+                                           "rank 0: checkpoint best.ckpt (exists: True)",
+                                           "kept checkpoint: the mean of the weights after epochs [5, 6, 7]"]
 
 
 def test_block_aligns_keys_and_mlflow_links_name_the_ui():

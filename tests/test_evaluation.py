@@ -74,3 +74,14 @@ def test_a_corpus_without_a_test_split_names_the_command_that_scores_it():
     with pytest.raises(NoTestSplitError, match=r"data=fra_eng_d2l has no test split; D2L scores its "
                        r"models with `python src/d2l_table.py data=fra_eng_d2l model=bahdanau`"):
         evaluate_translation(cfg, net=None)
+
+
+@pytest.mark.parametrize("main", ["test", "val", "train"])
+def test_a_further_test_split_may_not_be_the_file_of_the_main_splits(main):
+    """`test_2017: test_2016_flickr` would report the main test set a second time as a 'further' one."""
+    cfg = _cfg(f"data.splits.test_2017=${{.{main}}}")
+    name = cfg.data.splits[main]
+    with pytest.raises(NoTestSplitError, match=rf"data.more_test_splits names 'test_2017', whose file "
+                       rf"{name} is data.splits.{main}'s: it would be scored as a further test set; "
+                       r"list further test splits"):
+        evaluate_translation(cfg, net=None)

@@ -370,6 +370,10 @@ def test_the_explorer_in_the_mlflow_ui_changes_with_the_head_and_the_epoch(train
                                                  f"weight: {w[q, k]:.4f}"), tip
             show(f"{base}&head=all&epoch=1", 'm("head").active = 0', epoch1)  # all heads again
             messages = chrome.console(frame)
+            said = [text.removeprefix("attnlab-explorer: drawn ") for _, text in messages
+                    if text.startswith("attnlab-explorer: drawn ")]
+            assert said == [f"{base}&head=all&epoch=2", f"{base}&head=3&epoch=2", f"{base}&head=1&epoch=2",
+                            f"{base}&head=1&epoch=1", f"{base}&head=all&epoch=1"]  # one draw per choice
             requests = [e["params"]["request"]["url"] for e in chrome.events
                         if e.get("method") == "Network.requestWillBeSent" and e.get("sessionId") == frame]
 

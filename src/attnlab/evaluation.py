@@ -85,10 +85,12 @@ def evaluate_translation(cfg: DictConfig, net: nn.Module) -> Evaluation:
     decoding = {**OmegaConf.to_container(cfg.model.decoding, resolve=True), "batch_size": BATCH_SIZE,
                 "length_penalty": LENGTH_PENALTY, "max_len": MAX_OUTPUT_LEN}
 
+    net = net.to(device)
+
     def score(split: str) -> tuple[dict, list[str]]:
         sources, references = (read_lines(tok_dir / f"{split}.src.txt"),
                                read_lines(tok_dir / f"{split}.tgt.txt"))
-        hypotheses = translate_text(net.to(device).init_state, net.step, tokenizer, sources,
+        hypotheses = translate_text(net.init_state, net.step, tokenizer, sources,
                                     batch_size=BATCH_SIZE, device=device,
                                     beam_size=decoding["beam_size"], alpha=decoding["alpha"])
         return {**corpus_scores(hypotheses, references), "num_sentences": len(hypotheses)}, hypotheses
@@ -116,8 +118,9 @@ def _more_test_splits(data: DictConfig) -> dict[str, str]:
     """``data.more_test_splits`` as {test set name (its file's): key of ``data.splits``}.
 
     Raises:
-        NoTestSplitError: not a list, an entry twice or naming a file twice, or an entry that
-            is not a further test split of ``data.splits`` (train, val and test are not).
+        NoTestSplitError: not a list, an entry twice or naming a file twice, an entry that
+            is not a further test split of ``data.splits`` (train, val and test are not), or one
+            whose file is the train, val or main test split's.
     """
     keys = data.get("more_test_splits") or []
     splits = data.get("splits") or {}
@@ -131,6 +134,10 @@ def _more_test_splits(data: DictConfig) -> dict[str, str]:
             known = ", ".join(splits) if splits else f"data={data.name} has no data.splits"
             raise NoTestSplitError(f"data.more_test_splits names {key!r}, which is not a further "
                                    f"test split of data.splits ({known}); {fix}")
+        same = [k for k in ("train", "val", "test") if splits.get(k) == splits[key]]
+        if same:
+            raise NoTestSplitError(f"data.more_test_splits names {key!r}, whose file {splits[key]} is "
+                                   f"data.splits.{same[0]}'s: it would be scored as a further test set; {fix}")
         if splits[key] in more:
             raise NoTestSplitError(f"data.more_test_splits names {splits[key]} twice "
                                    f"({more[splits[key]]!r} and {key!r}); {fix}")

@@ -329,7 +329,7 @@ _JS_COMMON = r"""
 const A = window.attnlabExplorer || (window.attnlabExplorer = (() => {
   const data = JSON.parse(document.getElementById("attnlab-explorer-data").textContent);
   const hash = new URLSearchParams(window.location.hash.replace(/^#/, ""));
-  return {data, hash, cache: new Map(), busy: false, first: true};
+  return {data, hash, cache: new Map(), busy: false, first: true, drawn: null};
 })());
 function weights(entry) {  // uint16 fixed point, little-endian → Float64Array
   let w = A.cache.get(entry.data);
@@ -362,10 +362,21 @@ function axes(fig, keys, queries, every) {  // tick labels (every n-th), ranges
   fig.x_range.setv({start: -0.5, end: keys.length - 0.5});
   fig.y_range.setv({start: queries.length - 0.5, end: -0.5});
 }
-function drawn(state) {  // once Bokeh has taken the changes (it paints at its next frame)
+function drawn(state) {  // said by release(), once Bokeh has taken the changes
+  A.drawn = state;
+}
+// The end of a draw. Bokeh runs the callbacks of the changes a draw makes to its own widgets
+// (layer.options, head.active, ...) after the draw returns (CustomJS.execute is async: they are
+// microtasks), so A.busy turns them away until a task later; then the state drawn is said (Bokeh
+// paints at its next frame).
+function release() {
   setTimeout(() => {
-    document.documentElement.dataset.explorer = state;
-    console.log("attnlab-explorer: drawn " + state);
+    A.busy = false;
+    if (A.drawn) {
+      document.documentElement.dataset.explorer = A.drawn;
+      console.log("attnlab-explorer: drawn " + A.drawn);
+      A.drawn = null;
+    }
   }, 0);
 }
 function escapeHtml(s) {
@@ -438,7 +449,7 @@ try {
   header.text = "<b>attnlab explorer: " + escapeHtml(err.message) + "</b>";
   throw err;
 } finally {
-  A.busy = false;
+  release();
 }
 """
 
@@ -482,6 +493,6 @@ try {
   header.text = "<b>attnlab explorer: " + escapeHtml(err.message) + "</b>";
   throw err;
 } finally {
-  A.busy = false;
+  release();
 }
 """

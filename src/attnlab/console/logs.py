@@ -35,7 +35,9 @@ NOISE_LINES = (
 # Shown outside `dvc repro` only: the overwrite is by design (checkpoints/ is a persistent out).
 QUIET_WARNINGS = (r"Checkpoint directory .* exists and is not empty",)
 # Console lines hidden under `dvc repro` (still in the Hydra log file): (logger, message template).
-QUIET_LINES = (("attnlab.lit.checkpoints", "rank %d: checkpoint %s (exists: %s)"),)
+# The averaging line repeats the summary's "kept" row.
+QUIET_LINES = (("attnlab.lit.checkpoints", "rank %d: checkpoint %s (exists: %s)"),
+               ("attnlab.lit.checkpoints", "kept checkpoint: the mean of the weights after epochs %s"))
 # MLflow's own prints (not logging) around model registration.
 MLFLOW_PRINTS = (r"^Successfully registered model ", r"^Registered model .* already exists",
                  r"^Created version '")

@@ -100,10 +100,9 @@ def train_sentencepiece(sentences: list[str], model_prefix: Path, vocab_size: in
 
     proto = sentencepiece_model_pb2.ModelProto.FromString(model.getvalue())
     proto.trainer_spec.ClearField("num_threads")  # this machine's cores: the pieces do not depend on it
-    sp = spm.SentencePieceProcessor(model_proto=proto.SerializeToString())
     model_prefix = Path(model_prefix)
     write_text_atomic(model_prefix.with_name(model_prefix.name + ".vocab"), "".join(
-        f"{sp.id_to_piece(i)}\t{sp.get_score(i):g}\n" for i in range(sp.get_piece_size())))
+        f"{p.piece}\t{p.score:g}\n" for p in proto.pieces))
     path = write_bytes_atomic(model_prefix.with_name(model_prefix.name + ".model"), proto.SerializeToString())
     return load_sentencepiece(path)
 

@@ -39,6 +39,30 @@ def inverse_sqrt_warmup(warmup_steps: int):
     return factor
 
 
+def linear_warmup_decay(warmup_steps: int, total_steps: int):
+    """LR multiplier: linear warmup to 1 over ``warmup_steps``, then linear decay that reaches 0
+    just after the last of ``total_steps`` steps: the budget-aware schedule of Li, Yumer and
+    Ramanan (ICLR 2020, "Budgeted Training: Rethinking Deep Neural Network Training Under
+    Resource Constraints"), who find linear decay to zero best when the number of steps is fixed.
+
+    Raises:
+        ValueError: ``total_steps`` is not larger than ``warmup_steps`` (no step would decay).
+    """
+    if total_steps <= max(warmup_steps, 0):
+        raise ValueError(f"lr_decay=linear needs more steps than warm-up: {total_steps} step(s) planned "
+                         f"(trainer.max_epochs / max_steps), warmup_steps={warmup_steps}; raise "
+                         "trainer.max_epochs or lower model.warmup_steps")
+
+    def factor(step: int) -> float:  # step: the 0-based index of the optimizer step to take
+        if step < warmup_steps:
+            return (step + 1) / warmup_steps
+        return max(0.0, (total_steps - step) / (total_steps - warmup_steps))
+    return factor
+
+
+LR_DECAYS = ("inverse_sqrt", "linear")
+
+
 class TranslationModule(pl.LightningModule):
     """Wraps a seq2seq ``nn.Module`` (``attnlab.models``) built from its Hydra config.
 
@@ -49,7 +73,11 @@ class TranslationModule(pl.LightningModule):
         vocab_size: joint (or target) vocabulary size.
         src_vocab_size: size of a separate source vocabulary, or ``None`` for a joint one.
         label_smoothing: ε of the training loss (val loss is plain cross-entropy).
-        warmup_steps: see :func:`inverse_sqrt_warmup`.
+        warmup_steps: steps of linear warm-up to ``optimizer.lr``.
+        lr_decay: the LR after warm-up: ``"inverse_sqrt"`` (:func:`inverse_sqrt_warmup`, Vaswani
+            et al.; no planned length) or ``"linear"`` (:func:`linear_warmup_decay`, to 0 at the
+            last step of ``trainer.max_epochs``/``max_steps``: Lightning's
+            ``estimated_stepping_batches``).
     Logged metrics: ``train_loss``, ``val_loss`` (cross-entropy per target token),
     ``val_bleu`` and ``val_chrf`` (sacreBLEU, in [0, 100]; per epoch), ``tokens_per_sec``.
     Progress bar only (not logged): ``loss`` (the step's training loss) and ``tokens/s``
@@ -63,9 +91,11 @@ class TranslationModule(pl.LightningModule):
     """
 
     def __init__(self, net: dict, optimizer: dict, vocab_size: int,
-                 label_smoothing: float = 0.1, warmup_steps: int = 0,
+                 label_smoothing: float = 0.1, warmup_steps: int = 0, lr_decay: str = "inverse_sqrt",
                  val_batch_size: int = 256, src_vocab_size: int | None = None):
         super().__init__()
+        if lr_decay not in LR_DECAYS:
+            raise ValueError(f"model.lr_decay={lr_decay!r} is not a schedule; choose one of {', '.join(LR_DECAYS)}")
         self.save_hyperparameters(logger=False)
         extra = {"src_vocab_size": src_vocab_size} if src_vocab_size else {}
         self.net = build_net(net, vocab_size=vocab_size, pad_id=PAD_ID, **extra)
@@ -177,7 +207,12 @@ class TranslationModule(pl.LightningModule):
 
     def configure_optimizers(self):
         opt = instantiate(self.hparams.optimizer)(params=self.parameters())
-        sched = torch.optim.lr_scheduler.LambdaLR(opt, inverse_sqrt_warmup(self.hparams.warmup_steps))
+        warmup = self.hparams.warmup_steps
+        if self.hparams.get("lr_decay", "inverse_sqrt") == "linear":
+            factor = linear_warmup_decay(warmup, int(self.trainer.estimated_stepping_batches))
+        else:
+            factor = inverse_sqrt_warmup(warmup)
+        sched = torch.optim.lr_scheduler.LambdaLR(opt, factor)
         return {"optimizer": opt, "lr_scheduler": {"scheduler": sched, "interval": "step"}}
 
     # --- what train.py asks of its task (conf/model/<model>.yaml: task.module) ---------------
@@ -201,6 +236,7 @@ class TranslationModule(pl.LightningModule):
         plain = lambda node: OmegaConf.to_container(node, resolve=True)  # noqa: E731 (weights_only loads)
         module = cls(net=plain(cfg.model.net), optimizer=plain(cfg.optimizer), vocab_size=dm.vocab_size,
                      label_smoothing=cfg.model.label_smoothing, warmup_steps=cfg.model.warmup_steps,
+                     lr_decay=cfg.model.lr_decay,
                      src_vocab_size=dm.src_vocab_size)
         tok_dir, n = Path(cfg.paths.tokenized), cfg.data.val_bleu_sentences
         sources = read_lines(tok_dir / "val.src.txt")
