@@ -342,3 +342,27 @@ def test_importing_the_console_does_not_import_lightning():
             "print(sorted(m for m in sys.modules if m.split('.')[0] in ('lightning', 'pytorch_lightning')))")
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert result.stdout == "[]\n"
+
+
+_IMPORT_AFTER_SETUP = """
+import logging, sys
+logging.basicConfig(stream=sys.stderr, level=logging.INFO)   # a root handler, as Hydra's
+from attnlab.console import logs
+logs.setup()
+from omegaconf import OmegaConf
+from attnlab.lit.device import single_device   # imports Lightning now, as evaluate does
+print(single_device(OmegaConf.create({"accelerator": "cpu"})))
+"""
+
+
+@pytest.mark.parametrize("stage", ["evaluate@transformer", None])
+def test_lightning_imported_after_setup_stays_quiet_under_dvc(stage):
+    """Importing Lightning sets its logger back to INFO; under `dvc repro` its banners
+    ("GPU available: ...") still stay hidden, and outside DVC they show."""
+    env = {k: v for k, v in os.environ.items() if k not in ("DVC_STAGE", logs.VERBOSE_ENV)}
+    if stage:
+        env["DVC_STAGE"] = stage
+    result = subprocess.run([sys.executable, "-c", _IMPORT_AFTER_SETUP], capture_output=True, text=True,
+                            env=env, check=True, timeout=120)
+    assert result.stdout == "cpu\n"
+    assert ("GPU available: False, used: False" in result.stderr) is (stage is None), result.stderr

@@ -305,8 +305,10 @@ def test_model_config_edit_invalidates_only_that_model(project):
     try:
         path.write_text(original.replace("dropout: 0.1", "dropout: 0.2"))
         changed = json.loads(dvc(project, "status", "--json").stdout)
-        # evaluate reads the file too (its `decoding` settings), and head_importance (its model)
-        assert set(changed) == {"train@transformer", "evaluate@transformer", "head_importance"}
+        # evaluate and export read the file too (its `decoding` settings), and head_importance
+        # (its model); nothing of Bahdanau or NW
+        assert set(changed) == {"train@transformer", "evaluate@transformer", "export@transformer",
+                                "head_importance"}
     finally:
         path.write_text(original)
     assert "up to date" in dvc(project, "status").stdout

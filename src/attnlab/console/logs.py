@@ -81,6 +81,20 @@ class _DropLines(logging.Filter):
         return not any(p.search(message) for p in self.patterns)
 
 
+class _QuietLoggers(logging.Filter):
+    """Drops records below WARNING from the loggers ``names`` (and their children). Their own
+    level is not enough: importing Lightning sets its logger back to INFO, and evaluate imports it
+    after :func:`setup` (to choose the device)."""
+
+    def __init__(self, names: Iterable[str]):
+        super().__init__()
+        self.names = tuple(names)
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return record.levelno >= logging.WARNING or not any(
+            record.name == n or record.name.startswith(n + ".") for n in self.names)
+
+
 def _handlers(console_only: bool) -> list[logging.Handler]:
     found = []
     for name in ("", *_LIGHTNING_LOGGERS):  # root (Hydra's handlers) and Lightning's own
@@ -134,6 +148,8 @@ def setup(mlflow: bool = True) -> None:
     for h in _handlers(console_only=True):
         if not any(isinstance(f, _DropLines) and f.templates == hide.templates for f in h.filters):
             h.addFilter(hide)
+        if not any(isinstance(f, _QuietLoggers) for f in h.filters):
+            h.addFilter(_QuietLoggers(_LIGHTNING_LOGGERS))
 
 
 @contextmanager
