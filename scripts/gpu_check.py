@@ -4,8 +4,8 @@ utilization and the validation BLEU reached (issue "Quality": the check for a GP
     scripts/gpu_check.sh                       # CUDA, bf16-mixed, 1,500 steps (under 10 minutes)
     python scripts/gpu_check.py --steps 3 --accelerator auto --precision bf16-mixed   # CPU smoke
 
-It runs the project's own ``src/train.py model=transformer trainer=full`` (the Transformer and
-recipe of ``conf/``) with ``trainer.max_steps``, validating once at the last step, in a
+It runs the project's own ``src/train.py model=transformer +experiment=full`` (the full profile,
+``conf/experiment/full.yaml``) with ``trainer.max_steps``, validating once at the last step, in a
 scratch root (``--root``, default a temporary folder whose ``data/`` links to the project's), so
 the pipeline's checkpoints, runs and MLflow store are untouched. The corpus must be tokenized
 (``dvc repro tokenize``; the script runs it when ``data/tokenized/<data>-<src>-<tgt>`` is
@@ -73,7 +73,7 @@ def main(argv=None) -> dict:
     if not (root / "data").exists():
         (root / "data").symlink_to(project / "data")
     device = "cuda" if args.accelerator in ("gpu", "cuda") else "cpu"
-    cmd = [sys.executable, str(project / "src" / "train.py"), "model=transformer", "trainer=full",
+    cmd = [sys.executable, str(project / "src" / "train.py"), "model=transformer", "+experiment=full",
            f"device={'gpu' if device == 'cuda' else args.accelerator}",
            f"trainer.precision={args.precision}", f"trainer.max_steps={args.steps}",
            "trainer.max_epochs=-1", "++trainer.check_val_every_n_epoch=null",

@@ -135,6 +135,45 @@ def test_trainer_full_extends_default_with_only_its_changes(monkeypatch):
     assert composed["precision"] == "${bf16_if_supported:${device.accelerator}}"
 
 
+def _leaves(node, prefix=""):
+    """``{"a.b.c": value}`` for every leaf of a plain nested dict."""
+    out = {}
+    for key, value in node.items():
+        if isinstance(value, dict):
+            out.update(_leaves(value, f"{prefix}{key}."))
+        else:
+            out[f"{prefix}{key}"] = value
+    return out
+
+
+def test_full_profile_experiment_sets_only_its_recipe_on_trainer_full(monkeypatch):
+    """``+experiment=full`` = the default composition with trainer=full and exactly the keys
+    conf/experiment/full.yaml sets, each of them a change."""
+    from omegaconf import OmegaConf
+    own = _leaves({k: v for k, v in OmegaConf.to_container(_yaml("experiment/full.yaml")).items()
+                   if k != "defaults"})
+    assert own == {"model.lr_decay": "linear", "model.warmup_steps": 800, "model.net.dropout": 0.2,
+                   "trainer.max_epochs": 25,
+                   "checkpoint.monitor": "val_bleu", "checkpoint.mode": "max"}
+    base = _leaves(OmegaConf.to_container(_compose(["trainer=full"], monkeypatch)))
+    full = _leaves(OmegaConf.to_container(_compose(["+experiment=full"], monkeypatch)))
+    assert all(base[k] != v for k, v in own.items()), "experiment/full.yaml repeats a value"
+    assert full == {**base, **own}
+    assert full["model.name"] == "transformer" and full["optimizer.lr"] == 0.001  # Adam's own peak
+    assert full["trainer.precision"] == "${bf16_if_supported:${device.accelerator}}"
+
+
+def test_full_profile_as_dvc_runs_it_takes_max_epochs_from_params(monkeypatch):
+    """The train stage puts ``trainer.max_epochs=<models.transformer.max_epochs>`` before the
+    model's ``overrides``: the command line beats the experiment file, so the README's
+    ``dvc exp run -S models.transformer.max_epochs=25`` is what sets the epochs."""
+    stage = ["model=transformer", "data=multi30k", "optimizer=adam", "device=cpu", "seed=0"]
+    assert _compose([*stage, "trainer.max_epochs=4", "+experiment=full"],
+                    monkeypatch).trainer.max_epochs == 4
+    cfg = _compose([*stage, "trainer.max_epochs=25", "+experiment=full"], monkeypatch)
+    assert (cfg.trainer.max_epochs, cfg.model.net.dropout, cfg.checkpoint.monitor) == (25, 0.2, "val_bleu")
+
+
 @pytest.mark.parametrize("flags, device, expected", [
     ({"avx2", "avx512f"}, "cpu", "32-true"), ({"avx2", "avx512_bf16"}, "cpu", "bf16-mixed"),
     ({"amx_bf16"}, "cpu", "bf16-mixed"), ({"avx2", "avx512_bf16"}, "auto", "bf16-mixed"),

@@ -157,3 +157,18 @@ def test_editing_a_console_summary_retrains_nothing(project):
               for model in ("bahdanau", "transformer")] + ["train_nw", "evaluate_nw", "export_nw",
                                                          "head_importance"]
     assert after == {stage: {"src/attnlab/models"} for stage in stages}  # the book's folder, a dep
+
+
+def test_editing_the_full_profile_reruns_the_stages_that_can_compose_it(project):
+    """conf/experiment/ is read when a model's `overrides` (params.yaml) name `+experiment=…`,
+    as the README's full-profile experiment does: each stage that passes those overrides to
+    Hydra lists the folder, and the NW stages (whose own overrides never compose a translation
+    experiment) do not; conf/trainer/full.yaml, which the profile extends, re-runs training."""
+    with _edited(project / "conf/experiment/full.yaml", "dropout: 0.2", "dropout: 0.3"):
+        after = _changed_deps(project)
+    stages = [f"{stage}@{model}" for stage in ("train", "evaluate", "export")
+              for model in ("bahdanau", "transformer")] + ["head_importance"]
+    assert after == {stage: {"conf/experiment"} for stage in stages}
+    with _edited(project / "conf/trainer/full.yaml", "max_epochs: 40", "max_epochs: 41"):
+        assert _changed_deps(project) == {f"train@{m}": {"conf/trainer/full.yaml"}
+                                          for m in ("bahdanau", "transformer")}
