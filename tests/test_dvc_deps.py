@@ -144,6 +144,11 @@ def _edited(path: Path, old: str, new: str):
         path.write_text(text)
 
 
+# the foreach stages of the translation models (dvc.yaml's `models`)
+TRANSLATION_STAGES = [f"{stage}@{model}" for stage in ("train", "evaluate", "export")
+                      for model in ("bahdanau", "transformer")]
+
+
 def test_editing_a_console_summary_retrains_nothing(project):
     with _edited(project / "src/attnlab/console/summaries.py", "def train_summary(",
                  "def train_summary(  # reworded\n    "):
@@ -153,9 +158,7 @@ def test_editing_a_console_summary_retrains_nothing(project):
     with _edited(project / "src/attnlab/models/attention.py", "def masked_softmax(",
                  "def masked_softmax(  # edited\n    "):
         after = _changed_deps(project)
-    stages = [f"{stage}@{model}" for stage in ("train", "evaluate", "export")
-              for model in ("bahdanau", "transformer")] + ["train_nw", "evaluate_nw", "export_nw",
-                                                         "head_importance"]
+    stages = [*TRANSLATION_STAGES, "train_nw", "evaluate_nw", "export_nw", "head_importance"]
     assert after == {stage: {"src/attnlab/models"} for stage in stages}  # the book's folder, a dep
 
 
@@ -166,9 +169,7 @@ def test_editing_the_full_profile_reruns_the_stages_that_can_compose_it(project)
     experiment) do not; conf/trainer/full.yaml, which the profile extends, re-runs training."""
     with _edited(project / "conf/experiment/full.yaml", "dropout: 0.2", "dropout: 0.3"):
         after = _changed_deps(project)
-    stages = [f"{stage}@{model}" for stage in ("train", "evaluate", "export")
-              for model in ("bahdanau", "transformer")] + ["head_importance"]
-    assert after == {stage: {"conf/experiment"} for stage in stages}
+    assert after == {stage: {"conf/experiment"} for stage in [*TRANSLATION_STAGES, "head_importance"]}
     with _edited(project / "conf/trainer/full.yaml", "max_epochs: 40", "max_epochs: 41"):
         assert _changed_deps(project) == {f"train@{m}": {"conf/trainer/full.yaml"}
                                           for m in ("bahdanau", "transformer")}
