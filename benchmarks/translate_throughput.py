@@ -1,13 +1,17 @@
 """Translation speed of attnlab's Transformer: eager checkpoint, exported model and CTranslate2.
 
 Decodes the real Multi30k test set (test_2016_flickr, English → French, the first
-``--sentences`` of its 1,000 sentences) with four engines, each greedy (beam 1) and with
+``--sentences`` of its 1,000 sentences) with four engines (five where the CPU has bf16 units), each greedy (beam 1) and with
 beam search (``--beam-size`` 5, length penalty ``--alpha`` 1.0: the model's ``decoding`` in
 ``conf/model/transformer.yaml``), in one run:
 
 - ``checkpoint``: the trained checkpoint decoded eagerly, :func:`attnlab.checkpoint.load_net`
   + :func:`attnlab.decoding.translate` (what ``src/evaluate.py`` runs); its JSON keys are
   ``torch_*``;
+- ``checkpoint_bf16``: the same under bf16 autocast (``translate(..., bf16=True)``, opt-in in
+  attnlab: ``model.decoding.bf16``), keys ``torch_bf16_*`` and the ratios ``<mode>_bf16_vs_torch``;
+  run by default only where the CPU has bf16 units (``avx512_bf16`` or ``amx_bf16``), as on
+  others attnlab refuses it;
 - ``export``: the export folder's torch programs (whatever its ``config.json`` names:
   TorchScript traces or ``torch.export`` programs) through
   :class:`attnlab.export.translator.Translator` (``engine="torch"``), the same decoding loops;
@@ -72,7 +76,7 @@ the last line, one JSON object: ``<engine>_<mode>`` sentences/s medians (``torch
 ``os_threads_*``, ``compute_type_*`` (CTranslate2's); the ratios ``greedy_vs_ct2_fp32`` =
 torch_greedy / ct2_fp32_greedy and ``beam5_vs_ct2_fp32`` (< 1: CTranslate2 is faster),
 ``*_vs_ct2_int8`` likewise, ``<mode>_export_vs_torch`` and ``<mode>_ct2_int8_vs_fp32``; and the
-machine and run facts (CPU model, ``avx512_bf16``, versions, threads,
+machine and run facts (CPU model, ``avx512_bf16``, ``amx_bf16``, versions, threads,
 sentences, runs, ``random_weights``, load average before and after). An engine that failed has
 ``null`` values and its error in ``errors``.
 
@@ -100,10 +104,11 @@ from importlib import metadata
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-ENGINES = ("checkpoint", "export", "ct2_fp32", "ct2_int8")
+ENGINES = ("checkpoint", "checkpoint_bf16", "export", "ct2_fp32", "ct2_int8")
 # The engine name in the JSON keys, and the Translator engine (None: eager checkpoint).
-KEY = {"checkpoint": "torch", "export": "export", "ct2_fp32": "ct2_fp32", "ct2_int8": "ct2_int8"}
-TRANSLATOR_ENGINE = {"checkpoint": None, "export": "torch", "ct2_fp32": "ctranslate2",
+KEY = {"checkpoint": "torch", "checkpoint_bf16": "torch_bf16", "export": "export",
+       "ct2_fp32": "ct2_fp32", "ct2_int8": "ct2_int8"}
+TRANSLATOR_ENGINE = {"checkpoint": None, "checkpoint_bf16": None, "export": "torch", "ct2_fp32": "ctranslate2",
                      "ct2_int8": "ctranslate2_int8"}
 QUANTIZATION = {"ctranslate2": "float32", "ctranslate2_int8": "int8"}
 # The trained model's net (conf/model/transformer.yaml), for --random-weights.
@@ -181,7 +186,9 @@ def cpu_facts() -> dict:
                     flags = value
         except OSError:
             pass
-    return {"cpu_model": model, "cpus": os.cpu_count(), "avx512_bf16": "avx512_bf16" in flags.split()}
+    flags = set(flags.split())
+    return {"cpu_model": model, "cpus": os.cpu_count(), "avx512_bf16": "avx512_bf16" in flags,
+            "amx_bf16": "amx_bf16" in flags, "bf16_units": bool(flags & {"avx512_bf16", "amx_bf16"})}
 
 
 def cap_tokens(spm: Path, sentences: list[str]) -> int:
@@ -288,7 +295,7 @@ def _load(spec: dict):
 
     torch.set_num_threads(spec["threads"])
     engine, beam, alpha, bs = spec["engine"], spec["beam_size"], spec["alpha"], spec["batch_size"]
-    if engine == "checkpoint":
+    if engine in ("checkpoint", "checkpoint_bf16"):
         from attnlab.checkpoint import load_net
         from attnlab.data.tokenizer import load_sentencepiece
         from attnlab.decoding import translate
@@ -302,7 +309,7 @@ def _load(spec: dict):
 
         def decode(sentences):
             return translate(net.init_state, net.step, tokenizer, sentences, batch_size=bs,
-                             beam_size=beam, alpha=alpha)
+                             beam_size=beam, alpha=alpha, bf16=engine == "checkpoint_bf16")
         return decode, tokenizer.decode, lambda: {}
 
     from attnlab.export.translator import Translator
@@ -373,7 +380,9 @@ def main() -> None:
     p.add_argument("--alpha", type=float, default=alpha_default,
                    help="length penalty of the beam mode (default: conf/model/transformer.yaml)")
     p.add_argument("--warmup", type=int, default=8, help="sentences of the untimed warm-up call")
-    p.add_argument("--engines", default=",".join(ENGINES), help=f"comma list of {', '.join(ENGINES)}")
+    p.add_argument("--engines", default=None,
+                   help=f"comma list of {', '.join(ENGINES)} (default: all; checkpoint_bf16 only "
+                        "where the CPU has bf16 units)")
     p.add_argument("--modes", default="greedy,beam", help="comma list of greedy, beam")
     p.add_argument("--checkpoint", default=str(ROOT / "checkpoints" / "transformer" / "best.ckpt"))
     p.add_argument("--export", default=str(ROOT / "models" / "transformer"))
@@ -385,7 +394,8 @@ def main() -> None:
                    help="a seeded random same-shape Transformer instead of the trained one")
     p.add_argument("--seed", type=int, default=0)
     a = p.parse_args()
-    engines = [e.strip() for e in a.engines.split(",") if e.strip()]
+    default = [e for e in ENGINES if e != "checkpoint_bf16" or cpu_facts()["bf16_units"]]
+    engines = [e.strip() for e in a.engines.split(",") if e.strip()] if a.engines else default
     modes = [m.strip() for m in a.modes.split(",") if m.strip()]
     if bad := [e for e in engines if e not in ENGINES] + [m for m in modes if m not in ("greedy", "beam")]:
         p.error(f"unknown engine or mode {bad}; engines: {', '.join(ENGINES)}; modes: greedy, beam")
@@ -542,6 +552,7 @@ def main() -> None:
                 result[f"{mn}_vs_ct2_{q}"] = ratio(f"torch_{mn}", f"ct2_{q}_{mn}")
             result[f"{mn}_export_vs_torch"] = ratio(f"export_{mn}", f"torch_{mn}")
             result[f"{mn}_ct2_int8_vs_fp32"] = ratio(f"ct2_int8_{mn}", f"ct2_fp32_{mn}")
+            result[f"{mn}_bf16_vs_torch"] = ratio(f"torch_bf16_{mn}", f"torch_{mn}")
 
         header = ("engine", "mode", "sentences/s", "tokens/s", *(["cap tokens/s"] if random_weights else []),
                   "seconds", "BLEU", "same", "peak RSS MiB", "os_threads", "load s")

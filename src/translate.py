@@ -50,6 +50,10 @@ def take_sentences(argv: list[str]) -> tuple[list[str], list[str]]:
 @hydra.main(version_base="1.3", config_path="../conf", config_name="config")
 def main(cfg: DictConfig) -> None:
     dec = cfg.model.decoding  # the same beam settings as evaluate
+    if dec.get("bf16"):
+        raise SystemExit("translate: model.decoding.bf16=true is evaluate's (the checkpoint's); an "
+                         "export decodes in float32 on the torch engine, or use engine=ctranslate2_int8 "
+                         "for speed")
     try:
         translator = Translator(Path(cfg.paths.models) / cfg.model.name,
                                 beam_size=dec.beam_size, alpha=dec.alpha, engine=cfg.engine)

@@ -152,9 +152,9 @@ def test_full_profile_experiment_sets_only_its_recipe_on_trainer_full(monkeypatc
     from omegaconf import OmegaConf
     own = _leaves({k: v for k, v in OmegaConf.to_container(_yaml("experiment/full.yaml")).items()
                    if k != "defaults"})
-    assert own == {"model.lr_decay": "linear", "model.warmup_steps": 800, "model.net.dropout": 0.2,
-                   "trainer.max_epochs": 25,
-                   "checkpoint.monitor": "val_bleu", "checkpoint.mode": "max"}
+    assert own == {"model.lr_decay": "linear", "model.warmup_steps": 800, "model.net.num_layers": 3,
+                   "model.net.ffn_hidden": 1024, "model.net.dropout": 0.2, "trainer.max_epochs": 25,
+                   "checkpoint.average_last": 5}
     base = _leaves(OmegaConf.to_container(_compose(["trainer=full"], monkeypatch)))
     full = _leaves(OmegaConf.to_container(_compose(["+experiment=full"], monkeypatch)))
     assert all(base[k] != v for k, v in own.items()), "experiment/full.yaml repeats a value"
@@ -171,7 +171,7 @@ def test_full_profile_as_dvc_runs_it_takes_max_epochs_from_params(monkeypatch):
     assert _compose([*stage, "trainer.max_epochs=4", "+experiment=full"],
                     monkeypatch).trainer.max_epochs == 4
     cfg = _compose([*stage, "trainer.max_epochs=25", "+experiment=full"], monkeypatch)
-    assert (cfg.trainer.max_epochs, cfg.model.net.dropout, cfg.checkpoint.monitor) == (25, 0.2, "val_bleu")
+    assert (cfg.trainer.max_epochs, cfg.model.net.dropout, cfg.checkpoint.average_last) == (25, 0.2, 5)
 
 
 @pytest.mark.parametrize("flags, device, expected", [

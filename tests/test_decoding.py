@@ -1,5 +1,6 @@
 """Decoding: beam search against hand-computed sequence probabilities; the Transformer's
 KV-cached step against the full-prefix recomputation; beam 1 against greedy."""
+import contextlib
 import math
 import re
 
@@ -69,6 +70,13 @@ def test_length_penalty_alpha_changes_the_winner_as_computed_by_hand():
     assert _decode(m, 5, beam_size=2, alpha=1.0)[:3] == [A, A, EOS_ID]  # 1.0: long wins
 
 
+def test_greedy_takes_the_first_of_tied_maxima_as_argmax_does():
+    """P(A) = P(C) = 0.5 at the first step: greedy takes A, the lower id (torch.argmax's rule,
+    which greedy_decode keeps while taking the maximum with the faster ``max``)."""
+    m = TableModel({(): {C: 0.5, A: 0.5}, (A,): {EOS_ID: 1.0}, (C,): {EOS_ID: 1.0}})
+    assert _decode(m, 3) == [A, EOS_ID]
+
+
 def test_beam_pads_after_eos_and_stops_when_all_beams_end():
     m = TableModel({(): {A: 0.7, C: 0.3}})  # then <eos> everywhere
     out = _decode(m, 10, beam_size=3)
@@ -88,6 +96,15 @@ def _nets(vocab=40):
     return {"transformer": Transformer(vocab, d_model=32, num_heads=4, num_layers=2, ffn_hidden=64,
                                        dropout=0.0, tie_embeddings=False).eval(),
             "bahdanau": Bahdanau(vocab, embed_size=16, num_hiddens=32, num_layers=2, dropout=0.0).eval()}
+
+
+class _Ids:
+    """A tokenizer whose "sentences" are space-separated ids, padded as sentencepiece's."""
+
+    def encode_sources(self, sentences):
+        from attnlab.data.tokenizer import pad_sources
+
+        return pad_sources([[int(t) for t in s.split()] for s in sentences])
 
 
 def _batch(seed=1):
@@ -222,6 +239,24 @@ def test_a_sentence_that_has_ended_leaves_the_batch(beam_size):
     assert out.tolist() == [[A] + [PAD_ID] * 4, [A] * 3 + [PAD_ID] * 2, [A] * 5]
 
 
+def test_ended_sentences_leave_the_greedy_batch_once_they_are_a_quarter_of_its_rows():
+    """Greedy keeps an ended sentence's row (computed, never written) until the ended ones are
+    COMPACT_FRACTION = 1/4 of the rows. Limits 1, 1, 2 and five of 5, no <eos>: after step 1 two
+    of 8 rows have ended (1/4: dropped, 6 left); after step 2 one of 6 (< 1/4: kept) and no other
+    ends before all do at step 5. So the steps see 8, 6, 6, 6, 6 rows, and each sentence still
+    gets exactly its own limit of tokens."""
+    from attnlab import decoding
+
+    assert decoding.COMPACT_FRACTION == 0.25
+    m = Recorded(LoopModel())
+    src, valid = torch.zeros(8, 4, dtype=torch.long), torch.full((8,), 4)
+    limits = torch.tensor([1, 1, 2, 5, 5, 5, 5, 5])
+    out = greedy_decode(m.init_state, m.step, src, valid, limits)
+    assert m.rows == [8, 6, 6, 6, 6]
+    assert m.kept == [False, False, True, True, True]
+    assert out.tolist() == [[A] * n + [PAD_ID] * (5 - n) for n in limits.tolist()]
+
+
 class DivergingModel:
     """Its state is replaced once, at the second step, by each row's first token (so the
     hypotheses of a sentence then differ), and handed back untouched after that; the next token's
@@ -299,22 +334,16 @@ def test_translate_gives_each_sentence_the_same_ids_alone_and_in_any_batch(kind,
     translated alone, together in both orders and in batches of 1, 2 and 3."""
     from attnlab.decoding import translate
 
-    from attnlab.data.tokenizer import pad_sources
-
-    class Ids:  # a tokenizer whose "sentences" are space-separated ids, padded as sentencepiece's
-        def encode_sources(self, sentences):
-            return pad_sources([[int(t) for t in s.split()] for s in sentences])
-
     net = _nets()[kind]
     sentences = ["7 8 9", " ".join(["6"] * 40), "9 9 8 7 6 5 4 8 9 7 6 5"]
-    alone = [translate(net.init_state, net.step, Ids(), [s], beam_size=beam_size, alpha=1.0)[0]
+    alone = [translate(net.init_state, net.step, _Ids(), [s], beam_size=beam_size, alpha=1.0)[0]
              for s in sentences]
     # the short one stops at its own limit, ⌊1.5 · 4 + 10⌋ = 16 (3 ids and the <eos>): a limit
     # taken from the batch (the long one's is 71) would let it run on
     assert len(alone[0]) == 16
     for order in ([0, 1, 2], [2, 1, 0], [1, 0, 2]):
         for batch_size in (1, 2, 3):
-            got = translate(net.init_state, net.step, Ids(), [sentences[i] for i in order],
+            got = translate(net.init_state, net.step, _Ids(), [sentences[i] for i in order],
                             batch_size=batch_size, beam_size=beam_size, alpha=1.0)
             assert got == [alone[i] for i in order], (order, batch_size)
 
@@ -344,3 +373,42 @@ def test_a_sentence_with_nothing_to_translate_is_not_decoded(text):
     n = len(sp.encode("A dog.")) + 1  # with its <eos>
     assert out[0] == out[2] == [] and out[1] == [A] * max_output_len(n)
     assert calls == [1]  # one batch, holding the one sentence with tokens
+
+
+def _logit_dtypes(bf16, outer_autocast=False):
+    """The dtypes of the logits the Transformer's step returns while ``translate`` decodes."""
+    from attnlab.decoding import translate
+
+    net, seen = _nets()["transformer"], []
+
+    def step(ys, *state):
+        logits, *state = net.step(ys, *state)
+        seen.append(logits.dtype)
+        return (logits, *state)
+
+    outer = torch.autocast("cpu", dtype=torch.bfloat16) if outer_autocast else contextlib.nullcontext()
+    with outer:
+        translate(net.init_state, step, _Ids(), ["7 8 9"], beam_size=1, bf16=bf16)
+    return set(seen)
+
+
+def test_bf16_decoding_runs_the_model_under_bf16_autocast(monkeypatch):
+    """bf16=True: the step's matmuls run in bfloat16 (its logits come out bf16); the default
+    leaves them float32, and leaves a caller's own autocast on (Lightning's bf16-mixed validation)."""
+    from attnlab import config
+
+    monkeypatch.setattr(config, "cpu_flags", lambda: {"amx_bf16"})  # functionally bf16 runs anywhere
+    assert _logit_dtypes(bf16=True) == {torch.bfloat16}
+    assert _logit_dtypes(bf16=False) == {torch.float32}
+    assert _logit_dtypes(bf16=False, outer_autocast=True) == {torch.bfloat16}
+
+
+def test_bf16_decoding_is_refused_without_bf16_units(monkeypatch):
+    from attnlab import config
+    from attnlab.decoding import translate
+
+    monkeypatch.setattr(config, "cpu_flags", lambda: {"avx2", "avx512f"})
+    net = _nets()["transformer"]
+    with pytest.raises(ValueError, match=r"bf16 decoding needs bf16 matrix units, and this cpu has "
+                       r"none .*decode in float32 \(model.decoding.bf16=false\)"):
+        translate(net.init_state, net.step, _Ids(), ["7 8 9"], bf16=True)

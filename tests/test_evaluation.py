@@ -1,6 +1,6 @@
 """What evaluate refuses before it decodes anything: a corpus without a test split, further test
-splits (``data.more_test_splits``) that are not distinct test splits of the corpus, and a
-tokenized folder that lacks a test split's text.
+splits (``data.more_test_splits``) that are not distinct test splits of the corpus, a
+tokenized folder that lacks a test split's text, and bf16 decoding on a CPU without bf16 units.
 
 Scoring itself (each test set's BLEU, lowercased BLEU and chrF equal sacreBLEU's on its
 translations) is checked on the pipeline's own run in tests/test_pipeline.py.
@@ -84,4 +84,22 @@ def test_a_further_test_split_may_not_be_the_file_of_the_main_splits(main):
     with pytest.raises(NoTestSplitError, match=rf"data.more_test_splits names 'test_2017', whose file "
                        rf"{name} is data.splits.{main}'s: it would be scored as a further test set; "
                        r"list further test splits"):
+        evaluate_translation(cfg, net=None)
+
+
+def test_bf16_decoding_is_refused_before_decoding_where_the_cpu_has_no_bf16_units(tmp_path, monkeypatch):
+    """model.decoding.bf16=true on a CPU without avx512_bf16 or amx_bf16 (there bf16 matmuls run
+    at a few percent of fp32): an error naming the fix, before the tokenizer or the model is read."""
+    from attnlab import config
+    from attnlab.lit.device import DeviceUnavailableError
+
+    monkeypatch.setattr(config, "cpu_flags", lambda: {"avx2", "avx512f"})
+    cfg = _cfg(f"paths.root={tmp_path}", "device=cpu", "model.decoding.bf16=true")
+    tok = Path(cfg.paths.tokenized)
+    tok.mkdir(parents=True)
+    for split in ("test", "test_2017"):
+        for side in ("src", "tgt"):
+            (tok / f"{split}.{side}.txt").write_text("A dog.\n", encoding="utf-8")
+    with pytest.raises(DeviceUnavailableError, match=r"model.decoding.bf16=true needs bf16 matrix "
+                       r"units, and this cpu has none .*; drop it to decode in float32"):
         evaluate_translation(cfg, net=None)

@@ -42,14 +42,24 @@ def cpu_flags() -> set[str]:
     return set(line.partition(":")[2].split())
 
 
+def has_bf16_units(device_type: str = "cpu") -> bool:
+    """Whether a device of ``device_type`` ("cpu" or "cuda") here computes bf16 matmuls natively:
+    a CUDA GPU with ``torch.cuda.is_bf16_supported()`` (Ampere and newer), a CPU with the flags
+    ``avx512_bf16`` or ``amx_bf16``. Without them bf16 matmuls fall back to slow conversions
+    (measured on a 2-core EPYC without them: 0.04× of fp32). Any other type: False."""
+    import torch
+
+    if device_type == "cuda":
+        return torch.cuda.is_available() and torch.cuda.is_bf16_supported()
+    return device_type == "cpu" and bool(cpu_flags() & set(BF16_CPU_FLAGS))
+
+
 def bf16_if_supported(accelerator: str = "auto") -> str:
     """Lightning's ``precision`` for this machine: ``"bf16-mixed"`` where the device that
-    ``accelerator`` picks has bf16 units, else ``"32-true"``.
+    ``accelerator`` picks has bf16 units (:func:`has_bf16_units`), else ``"32-true"``.
 
-    ``gpu``/``cuda`` (or ``auto`` with a CUDA device): ``torch.cuda.is_bf16_supported()``
-    (Ampere and newer). ``cpu`` (or ``auto`` without one): the CPU flags ``avx512_bf16`` or
-    ``amx_bf16``; without them bf16 matmuls fall back to slow conversions (measured on a
-    2-core EPYC without them: 0.04× of fp32). Anything else (``mps``, ``tpu``): fp32.
+    ``gpu``/``cuda``, or ``auto`` with a CUDA device: the GPU. ``cpu``, or ``auto`` without one:
+    the CPU. Anything else (``mps``, ``tpu``): fp32.
 
     >>> bf16_if_supported("mps")
     '32-true'
@@ -58,9 +68,9 @@ def bf16_if_supported(accelerator: str = "auto") -> str:
 
     accelerator = str(accelerator).lower()
     if accelerator in ("gpu", "cuda") or (accelerator == "auto" and torch.cuda.is_available()):
-        return "bf16-mixed" if torch.cuda.is_available() and torch.cuda.is_bf16_supported() else "32-true"
+        return "bf16-mixed" if has_bf16_units("cuda") else "32-true"
     if accelerator in ("cpu", "auto"):
-        return "bf16-mixed" if cpu_flags() & set(BF16_CPU_FLAGS) else "32-true"
+        return "bf16-mixed" if has_bf16_units("cpu") else "32-true"
     return "32-true"
 
 

@@ -15,11 +15,13 @@ the checkpoint and the export run the very same loops below.
 """
 from __future__ import annotations
 
+import contextlib
 import unicodedata
 from typing import Callable, Sequence
 
 import torch
 
+from attnlab.config import has_bf16_units
 from attnlab.data.tokenizer import BOS_ID, EOS_ID, PAD_ID
 
 
@@ -59,6 +61,11 @@ def _limits(max_len: int | torch.Tensor, src: torch.Tensor) -> tuple[torch.Tenso
     return caps, torch.full((B, width), PAD_ID, dtype=torch.long, device=dev)
 
 
+# Greedy decoding drops ended sentences from the batch once they are this fraction of its rows
+# (:func:`greedy_decode`).
+COMPACT_FRACTION = 0.25
+
+
 def _select(state: Sequence[torch.Tensor], rows: torch.Tensor) -> list[torch.Tensor]:
     """Every state tensor at ``rows`` (dim 0)."""
     return [s.index_select(0, rows) for s in state]
@@ -69,9 +76,13 @@ def greedy_decode(init_state: Callable, step: Callable, src: torch.Tensor,
                   src_valid_lens: torch.Tensor, max_len: int | torch.Tensor) -> torch.Tensor:
     """Greedy (arg-max) decoding of a batch.
 
-    A sentence leaves the batch once it has ended (<eos>, or its own limit), so a step computes
-    only the sentences still open. Leaving changes no other row: a sentence's row depends on that
-    sentence alone, not on its batch-mates.
+    A sentence that has ended (<eos>, or its own limit) stops being written at once, and leaves
+    the batch with the others that ended since the last time, once they are
+    :data:`COMPACT_FRACTION` of its rows: until then its row is computed and thrown away,
+    because copying every state tensor at every end costs more than a few extra rows. Neither
+    changes another row: a sentence's row depends on that sentence alone, not on its batch-mates.
+    The arg-max is the first maximum (as ``torch.argmax``), taken with ``max``, which is
+    several times faster on a CPU.
 
     Args:
         init_state, step: the model's decoding interface (module docstring).
@@ -88,24 +99,29 @@ def greedy_decode(init_state: Callable, step: Callable, src: torch.Tensor,
     """
     B, dev = src.shape[0], src.device
     caps, out = _limits(max_len, src)
-    open_ = (caps > 0).nonzero()[:, 0]  # the sentences still decoding (rows of src)
-    if len(open_) == 0:
+    rows = (caps > 0).nonzero()[:, 0]  # row i of the state decodes sentence rows[i] of src
+    if len(rows) == 0:
         return out[:, :0]
     state = init_state(src, src_valid_lens)
-    if len(open_) < B:
-        state = _select(state, open_)
-    ys = torch.full((len(open_), 1), BOS_ID, dtype=torch.long, device=dev)
-    t = 0
-    while len(open_):
+    if len(rows) < B:
+        state = _select(state, rows)
+    row_caps = caps.index_select(0, rows)
+    alive = torch.ones(len(rows), dtype=torch.bool, device=dev)  # not ended yet
+    ys = torch.full((len(rows), 1), BOS_ID, dtype=torch.long, device=dev)
+    t, n_alive = 0, len(rows)
+    while n_alive:
         logits, *state = step(ys, *state)
-        nxt = logits.argmax(-1)
-        out[open_, t] = nxt
+        nxt = logits.max(-1).indices  # (b,)
+        out[rows, t] = torch.where(alive, nxt, PAD_ID)  # an ended row is <pad> from its end on
         t += 1
-        ended = (nxt == EOS_ID) | (caps.index_select(0, open_) <= t)
+        alive = alive & (nxt != EOS_ID) & (row_caps > t)
         ys = torch.cat([ys, nxt[:, None]], dim=1)
-        if bool(ended.any()):
-            keep = (~ended).nonzero()[:, 0]
-            open_, ys, state = open_.index_select(0, keep), ys.index_select(0, keep), _select(state, keep)
+        n_alive = int(alive.sum())
+        if n_alive and len(rows) - n_alive >= COMPACT_FRACTION * len(rows):
+            keep = alive.nonzero()[:, 0]
+            rows, ys, row_caps, state = (rows.index_select(0, keep), ys.index_select(0, keep),
+                                         row_caps.index_select(0, keep), _select(state, keep))
+            alive = alive.index_select(0, keep)
     return out[:, :t]
 
 
@@ -180,13 +196,13 @@ def beam_search(init_state: Callable, step: Callable, src: torch.Tensor,
             ys, finished, lengths = ys.index_select(0, rows), finished.index_select(0, rows), lengths.index_select(0, rows)
             hyp_caps, state = hyp_caps.index_select(0, rows), _select(state, rows)
         logits, *new_state = step(ys, *state)
-        logp = torch.log_softmax(logits.float(), dim=-1)  # (b·K, V)
+        logp = torch.log_softmax(logits.float(), dim=-1)  # (b·K, V), a fresh tensor: updated in place
         V = logp.shape[-1]
-        pad_only = torch.full_like(logp[0], float("-inf"))
-        pad_only[PAD_ID] = 0.0
-        if bool(finished.any()):
-            logp = torch.where(finished[:, None], pad_only, logp)
-        top, flat = (scores.reshape(-1, 1) + logp).reshape(-1, K * V).topk(K, dim=-1)  # (b, K)
+        ended_rows = finished.nonzero()[:, 0]
+        if len(ended_rows):  # a finished hypothesis can only be extended by <pad>, at no cost
+            logp.index_fill_(0, ended_rows, float("-inf"))
+            logp[ended_rows, PAD_ID] = 0.0
+        top, flat = logp.add_(scores.reshape(-1, 1)).reshape(-1, K * V).topk(K, dim=-1)  # (b, K)
         src_rows = (first + flat // V).reshape(-1)
         tokens = (flat % V).reshape(-1, 1)
         ys = torch.cat([ys.index_select(0, src_rows), tokens], dim=1)
@@ -229,7 +245,7 @@ def decodable(sentences: Sequence[str], src_valid_lens: torch.Tensor) -> torch.T
 
 def translate(init_state: Callable, step: Callable, tokenizer, sentences: Sequence[str],
               batch_size: int = 128, device: torch.device | str = "cpu",
-              beam_size: int = 1, alpha: float = 0.0) -> list[list[int]]:
+              beam_size: int = 1, alpha: float = 0.0, bf16: bool = False) -> list[list[int]]:
     """Decode ``sentences`` in batches of similar length; ids per sentence, input order.
 
     Greedy with ``beam_size=1``, else :func:`beam_search` with length penalty
@@ -242,7 +258,30 @@ def translate(init_state: Callable, step: Callable, tokenizer, sentences: Sequen
     whitespace, control and invisible format characters (:func:`has_text`: empty, spaces, a
     zero-width space, a byte-order mark, direction marks, DEL), or no token from
     the tokenizer.
+
+    ``bf16=True`` (opt-in) runs the model under bf16 autocast (``torch.autocast``: matmuls in
+    bfloat16, each weight cast once per call, layer norms and the beam scores in float32). It is
+    faster where the device has bf16 matrix units, but its tokens can differ from float32's
+    (arg-max ties and near-ties among bf16 logits): evaluate and the exports decode in float32.
+
+    Raises:
+        ValueError: ``bf16=True`` on a device without bf16 units (:func:`attnlab.config.has_bf16_units`),
+            where bf16 would be far slower than float32.
     """
+    device = torch.device(device)
+    if bf16 and not has_bf16_units(device.type):
+        raise ValueError(f"bf16 decoding needs bf16 matrix units, and this {device.type} has none "
+                         f"(a CPU needs avx512_bf16 or amx_bf16, a GPU Ampere or newer); "
+                         "decode in float32 (model.decoding.bf16=false)")
+    # bf16=False leaves the caller's autocast as it is (Lightning's bf16-mixed validation keeps it).
+    with torch.autocast(device.type, dtype=torch.bfloat16) if bf16 else contextlib.nullcontext():
+        return _translate_batches(init_state, step, tokenizer, sentences, batch_size, device,
+                                  beam_size, alpha)
+
+
+def _translate_batches(init_state, step, tokenizer, sentences, batch_size, device, beam_size,
+                       alpha) -> list[list[int]]:
+    """:func:`translate`'s batches, decoded as the caller's autocast setting says."""
     order = sorted(range(len(sentences)), key=lambda i: len(sentences[i]))
     out: list[list[int]] = [[] for _ in sentences]
     for b in range(0, len(order), batch_size):
@@ -264,7 +303,7 @@ def translate(init_state: Callable, step: Callable, tokenizer, sentences: Sequen
 
 def translate_text(init_state: Callable, step: Callable, tokenizer, sentences: Sequence[str],
                    batch_size: int = 128, device: torch.device | str = "cpu",
-                   beam_size: int = 1, alpha: float = 0.0) -> list[str]:
+                   beam_size: int = 1, alpha: float = 0.0, bf16: bool = False) -> list[str]:
     """:func:`translate`, detokenized: one translation string per sentence, input order."""
     return [tokenizer.decode(ids) for ids in translate(
-        init_state, step, tokenizer, sentences, batch_size, device, beam_size, alpha)]
+        init_state, step, tokenizer, sentences, batch_size, device, beam_size, alpha, bf16)]

@@ -13,11 +13,12 @@ from pathlib import Path
 from omegaconf import DictConfig, OmegaConf
 from torch import nn
 
+from attnlab.config import has_bf16_units
 from attnlab.data.corpora import read_lines
 from attnlab.data.synthetic import synthetic_from_config
 from attnlab.data.tokenizer import load_sentencepiece
 from attnlab.decoding import LENGTH_PENALTY, MAX_OUTPUT_LEN, translate_text
-from attnlab.lit.device import single_device
+from attnlab.lit.device import DeviceUnavailableError, single_device
 from attnlab.metrics import corpus_scores, sacrebleu_signatures
 from attnlab.models.nadaraya_watson import nw_evaluation
 
@@ -48,7 +49,7 @@ class Evaluation:
 
 
 def evaluate_translation(cfg: DictConfig, net: nn.Module) -> Evaluation:
-    """Beam search (``model.decoding``: beam_size, alpha) over the test split on the one device
+    """Beam search (``model.decoding``: beam_size, alpha; bf16 autocast if ``bf16``) over the test split on the one device
     ``device`` names, detokenized and scored with sacreBLEU (corpus BLEU cased 13a, lowercased BLEU,
     chrF). The scores also say what was measured, as MT papers report it: corpus, src_lang,
     tgt_lang, test_set, the decoding settings and the sacreBLEU signatures.
@@ -65,7 +66,8 @@ def evaluate_translation(cfg: DictConfig, net: nn.Module) -> Evaluation:
             further test splits of ``data.splits``; or the tokenized folder lacks a split's
             text (it predates the config: re-run the tokenize stage). All checked before
             anything is decoded.
-        DeviceUnavailableError: the device is not available here.
+        DeviceUnavailableError: the device is not available here, or ``model.decoding.bf16`` on a
+            device without bf16 units. All checked before anything is decoded.
     """
     if cfg.data.get("test_set") is None:
         fix = (f"D2L scores its models with `python src/d2l_table.py data={cfg.data.name} model={cfg.model.name}`"
@@ -81,6 +83,10 @@ def evaluate_translation(cfg: DictConfig, net: nn.Module) -> Evaluation:
                 f"had `{split}`; re-run the tokenize stage (`dvc repro tokenize`, or "
                 f"`python src/tokenize_data.py data={cfg.data.name}`)")
     device = single_device(cfg.device)
+    if cfg.model.decoding.get("bf16") and not has_bf16_units(device.type):
+        raise DeviceUnavailableError(
+            f"model.decoding.bf16=true needs bf16 matrix units, and this {device.type} has none (a CPU "
+            "needs avx512_bf16 or amx_bf16, a GPU Ampere or newer); drop it to decode in float32")
     tokenizer = load_sentencepiece(tok_dir / "spm.model")
     decoding = {**OmegaConf.to_container(cfg.model.decoding, resolve=True), "batch_size": BATCH_SIZE,
                 "length_penalty": LENGTH_PENALTY, "max_len": MAX_OUTPUT_LEN}
@@ -92,7 +98,8 @@ def evaluate_translation(cfg: DictConfig, net: nn.Module) -> Evaluation:
                                read_lines(tok_dir / f"{split}.tgt.txt"))
         hypotheses = translate_text(net.init_state, net.step, tokenizer, sources,
                                     batch_size=BATCH_SIZE, device=device,
-                                    beam_size=decoding["beam_size"], alpha=decoding["alpha"])
+                                    beam_size=decoding["beam_size"], alpha=decoding["alpha"],
+                                    bf16=bool(decoding.get("bf16", False)))
         return {**corpus_scores(hypotheses, references), "num_sentences": len(hypotheses)}, hypotheses
 
     main, hypotheses = score("test")
