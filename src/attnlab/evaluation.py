@@ -49,10 +49,10 @@ class Evaluation:
 
 
 def evaluate_translation(cfg: DictConfig, net: nn.Module) -> Evaluation:
-    """Beam search (``model.decoding``: beam_size, alpha; bf16 autocast if ``bf16``) over the test split on the one device
-    ``device`` names, detokenized and scored with sacreBLEU (corpus BLEU cased 13a, lowercased BLEU,
-    chrF). The scores also say what was measured, as MT papers report it: corpus, src_lang,
-    tgt_lang, test_set, the decoding settings and the sacreBLEU signatures.
+    """Beam search (``model.decoding``: beam_size, alpha; bf16 autocast if ``bf16``) over the test
+    split on the one device ``device`` names, detokenized and scored with sacreBLEU (corpus BLEU
+    cased 13a, lowercased BLEU, chrF). The scores also say what was measured, as MT papers report
+    it: corpus, src_lang, tgt_lang, test_set, the decoding settings and the sacreBLEU signatures.
 
     Each split of ``data.more_test_splits`` (keys of ``data.splits``: Multi30k's test_2017_flickr)
     is decoded and scored the same way and reported under its file's name: ``more_test_sets``
