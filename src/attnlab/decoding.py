@@ -8,8 +8,8 @@ hidden state), so a step computes only the newest position. ``step`` returns one
 logits and state per row of ``ys``, each computed from its own row alone, and never changes a
 state tensor in place (it returns a new one). Beam search reorders the state tensors along
 dim 0 when beams are re-ranked, except those ``step`` has always handed back untouched (the
-very objects it was given), and both loops drop a sentence's rows from the state once it has
-ended.
+very objects it was given), and both loops drop ended sentences' rows from the state (beam
+search as soon as a sentence is done, greedy once the ended ones are a quarter of the rows).
 The exported artifacts (``src/export.py``) expose the same two functions, so
 the checkpoint and the export run the very same loops below.
 """
