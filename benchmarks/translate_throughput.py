@@ -94,7 +94,6 @@ import resource
 import shutil
 import signal
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -164,31 +163,20 @@ def load_test(tokenized: Path, raw: Path, n: int | None) -> tuple[list[str], lis
 
 
 def cpu_facts() -> dict:
-    """CPU model and whether the CPU flags include avx512_bf16 (lscpu, else /proc/cpuinfo)."""
-    model, flags = None, ""
+    """CPU model (``/proc/cpuinfo``), CPU count and the bf16 flags attnlab decides by
+    (:data:`attnlab.config.BF16_CPU_FLAGS`: ``avx512_bf16``, ``amx_bf16``); ``bf16_units`` is
+    :func:`attnlab.config.has_bf16_units`' answer for the CPU (without importing torch)."""
+    from attnlab.config import BF16_CPU_FLAGS, cpu_flags
+
+    model = None
     try:
-        out = subprocess.run(["lscpu"], capture_output=True, text=True, timeout=10).stdout
-        for line in out.splitlines():
-            key, _, value = line.partition(":")
-            if key.strip() == "Model name" and model is None:
-                model = value.strip()
-            elif key.strip() == "Flags":
-                flags = value
-    except (OSError, subprocess.SubprocessError):
+        model = next((line.partition(":")[2].strip() for line in
+                      Path("/proc/cpuinfo").read_text().splitlines() if line.startswith("model name")), None)
+    except OSError:
         pass
-    if model is None or not flags:
-        try:
-            for line in Path("/proc/cpuinfo").read_text().splitlines():
-                key, _, value = line.partition(":")
-                if key.strip() == "model name" and model is None:
-                    model = value.strip()
-                elif key.strip() == "flags" and not flags:
-                    flags = value
-        except OSError:
-            pass
-    flags = set(flags.split())
-    return {"cpu_model": model, "cpus": os.cpu_count(), "avx512_bf16": "avx512_bf16" in flags,
-            "amx_bf16": "amx_bf16" in flags, "bf16_units": bool(flags & {"avx512_bf16", "amx_bf16"})}
+    flags = cpu_flags()
+    return {"cpu_model": model, "cpus": os.cpu_count(), **{f: f in flags for f in BF16_CPU_FLAGS},
+            "bf16_units": bool(flags & set(BF16_CPU_FLAGS))}
 
 
 def cap_tokens(spm: Path, sentences: list[str]) -> int:
