@@ -165,8 +165,8 @@ def load_test(tokenized: Path, raw: Path, n: int | None) -> tuple[list[str], lis
 def cpu_facts() -> dict:
     """CPU model (``/proc/cpuinfo``), CPU count and the bf16 flags attnlab decides by
     (:data:`attnlab.config.BF16_CPU_FLAGS`: ``avx512_bf16``, ``amx_bf16``); ``bf16_units`` is
-    :func:`attnlab.config.has_bf16_units`' answer for the CPU (without importing torch)."""
-    from attnlab.config import BF16_CPU_FLAGS, cpu_flags
+    :func:`attnlab.config.has_bf16_units`' answer for the CPU (which imports no torch)."""
+    from attnlab.config import BF16_CPU_FLAGS, cpu_flags, has_bf16_units
 
     model = None
     try:
@@ -176,7 +176,7 @@ def cpu_facts() -> dict:
         pass
     flags = cpu_flags()
     return {"cpu_model": model, "cpus": os.cpu_count(), **{f: f in flags for f in BF16_CPU_FLAGS},
-            "bf16_units": bool(flags & set(BF16_CPU_FLAGS))}
+            "bf16_units": has_bf16_units("cpu")}
 
 
 def cap_tokens(spm: Path, sentences: list[str]) -> int:

@@ -23,6 +23,7 @@ from omegaconf import DictConfig
 
 from attnlab.checkpoint import load_net
 from attnlab.console import logs, summaries
+from attnlab.decoding import Bf16UnitsError
 from attnlab.evaluation import NoTestSplitError
 from attnlab.files import write_json_atomic, write_lines_atomic
 from attnlab.lit.device import DeviceUnavailableError
@@ -42,7 +43,7 @@ def main(cfg: DictConfig) -> None:
         result = evaluate(cfg, net)
     except NoTestSplitError as e:
         raise SystemExit(str(e)) from None
-    except DeviceUnavailableError as e:
+    except (DeviceUnavailableError, Bf16UnitsError) as e:
         raise SystemExit(f"evaluate failed: {e}") from None
     hyp_path, artifacts = None, []
     if result.hypotheses is not None:

@@ -226,3 +226,17 @@ def test_model_constructor_defaults_equal_conf_model_yaml(name):
     module, cls = net.pop("_target_").rsplit(".", 1)
     params = inspect.signature(getattr(importlib.import_module(module), cls)).parameters
     assert {k: params[k].default for k in net} == net
+
+
+def test_has_bf16_units_answers_for_the_cpu_without_importing_torch():
+    """benchmarks/translate_throughput.py asks it in a parent process that keeps torch out; the
+    answer is whether /proc/cpuinfo's flags hold avx512_bf16 or amx_bf16 (read here directly)."""
+    code = ("import sys; from attnlab.config import has_bf16_units; "
+            "print(has_bf16_units('cpu'), 'torch' in sys.modules)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    try:
+        flags = {f for line in Path("/proc/cpuinfo").read_text().splitlines()
+                 if line.startswith("flags") for f in line.partition(":")[2].split()}
+    except OSError:
+        flags = set()
+    assert out.stdout.split() == [str(bool(flags & {"avx512_bf16", "amx_bf16"})), "False"]

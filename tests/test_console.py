@@ -277,7 +277,7 @@ def _emit() -> list[str]:
     logging.getLogger("pytorch_lightning.loggers.mlflow").warning(
         "Experiment with name attnlab not found. Creating it.")
     lightning_log.warning("a real Lightning warning")
-    logging.getLogger("train").info("resuming from last.ckpt (epoch 1, step 11)")
+    logging.getLogger("train").info("resuming from last.ckpt (saved in epoch 2, after step 11)")
     logging.getLogger("attnlab.lit.checkpoints").info("rank %d: checkpoint %s (exists: %s)", 0, "best.ckpt", True)
     logging.getLogger("attnlab.lit.checkpoints").info("kept checkpoint: the mean of the weights after epochs %s",
                                                       [5, 6, 7])
@@ -293,7 +293,7 @@ def test_setup_hides_known_noise_keeps_real_warnings_and_verbose_keeps_everythin
     everything = ["GPU available: False, used: False",
                   "💡 Tip: For seamless cloud logging and experiment tracking, try installing litlogger",
                   "Experiment with name attnlab not found. Creating it.", "a real Lightning warning",
-                  "resuming from last.ckpt (epoch 1, step 11)", "rank 0: checkpoint best.ckpt (exists: True)",
+                  "resuming from last.ckpt (saved in epoch 2, after step 11)", "rank 0: checkpoint best.ckpt (exists: True)",
                   "kept checkpoint: the mean of the weights after epochs [5, 6, 7]"]
     both_warnings = ["The 'train_dataloader' does not have many workers which may be a bottleneck.",
                      "training loss is nan at step 3"]
@@ -311,7 +311,7 @@ def test_setup_hides_known_noise_keeps_real_warnings_and_verbose_keeps_everythin
     assert os.environ["MLFLOW_LOGGING_LEVEL"] == "WARNING"
     assert _emit() == ["training loss is nan at step 3"]
     assert out.getvalue().splitlines() == ["a real Lightning warning",
-                                           "resuming from last.ckpt (epoch 1, step 11)"]
+                                           "resuming from last.ckpt (saved in epoch 2, after step 11)"]
 
 
 def test_setup_outside_dvc_hides_only_the_noise(console_state):
@@ -319,7 +319,7 @@ def test_setup_outside_dvc_hides_only_the_noise(console_state):
     logs.setup()
     assert _emit() == ["training loss is nan at step 3"]
     assert out.getvalue().splitlines() == ["GPU available: False, used: False", "a real Lightning warning",
-                                           "resuming from last.ckpt (epoch 1, step 11)",
+                                           "resuming from last.ckpt (saved in epoch 2, after step 11)",
                                            "rank 0: checkpoint best.ckpt (exists: True)",
                                            "kept checkpoint: the mean of the weights after epochs [5, 6, 7]"]
 

@@ -405,10 +405,11 @@ def test_bf16_decoding_runs_the_model_under_bf16_autocast(monkeypatch):
 
 def test_bf16_decoding_is_refused_without_bf16_units(monkeypatch):
     from attnlab import config
-    from attnlab.decoding import translate
+    from attnlab.decoding import Bf16UnitsError, translate
 
     monkeypatch.setattr(config, "cpu_flags", lambda: {"avx2", "avx512f"})
     net = _nets()["transformer"]
-    with pytest.raises(ValueError, match=r"bf16 decoding needs bf16 matrix units, and this cpu has "
-                       r"none .*decode in float32 \(model.decoding.bf16=false\)"):
+    with pytest.raises(Bf16UnitsError, match=r"bf16 decoding \(model.decoding.bf16=true\) needs bf16 "
+                       r"matrix units, and this cpu has none .*decode in float32 "
+                       r"\(model.decoding.bf16=false\)"):
         translate(net.init_state, net.step, _Ids(), ["7 8 9"], bf16=True)

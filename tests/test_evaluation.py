@@ -91,7 +91,7 @@ def test_bf16_decoding_is_refused_before_decoding_where_the_cpu_has_no_bf16_unit
     """model.decoding.bf16=true on a CPU without avx512_bf16 or amx_bf16 (there bf16 matmuls run
     at a few percent of fp32): an error naming the fix, before the tokenizer or the model is read."""
     from attnlab import config
-    from attnlab.lit.device import DeviceUnavailableError
+    from attnlab.decoding import Bf16UnitsError
 
     monkeypatch.setattr(config, "cpu_flags", lambda: {"avx2", "avx512f"})
     cfg = _cfg(f"paths.root={tmp_path}", "device=cpu", "model.decoding.bf16=true")
@@ -100,6 +100,7 @@ def test_bf16_decoding_is_refused_before_decoding_where_the_cpu_has_no_bf16_unit
     for split in ("test", "test_2017"):
         for side in ("src", "tgt"):
             (tok / f"{split}.{side}.txt").write_text("A dog.\n", encoding="utf-8")
-    with pytest.raises(DeviceUnavailableError, match=r"model.decoding.bf16=true needs bf16 matrix "
-                       r"units, and this cpu has none .*; drop it to decode in float32"):
+    with pytest.raises(Bf16UnitsError, match=r"bf16 decoding \(model.decoding.bf16=true\) needs bf16 "
+                       r"matrix units, and this cpu has none .*decode in float32 "
+                       r"\(model.decoding.bf16=false\)"):
         evaluate_translation(cfg, net=None)

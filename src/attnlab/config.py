@@ -47,9 +47,9 @@ def has_bf16_units(device_type: str = "cpu") -> bool:
     a CUDA GPU with ``torch.cuda.is_bf16_supported()`` (Ampere and newer), a CPU with the flags
     ``avx512_bf16`` or ``amx_bf16``. Without them bf16 matmuls fall back to slow conversions
     (measured on a 2-core EPYC without them: 0.04× of fp32). Any other type: False."""
-    import torch
-
     if device_type == "cuda":
+        import torch  # here only: the CPU answer needs no torch (benchmarks/ asks it without)
+
         return torch.cuda.is_available() and torch.cuda.is_bf16_supported()
     return device_type == "cpu" and bool(cpu_flags() & set(BF16_CPU_FLAGS))
 

@@ -243,6 +243,25 @@ def decodable(sentences: Sequence[str], src_valid_lens: torch.Tensor) -> torch.T
     return text & (src_valid_lens.cpu() > 1)
 
 
+class Bf16UnitsError(ValueError):
+    """bf16 decoding asked of a device without bf16 matrix units (:func:`require_bf16_units`)."""
+
+
+def require_bf16_units(device_type: str) -> None:
+    """Refuse bf16 decoding where ``device_type`` ("cpu", "cuda") has no bf16 matrix units
+    (:func:`attnlab.config.has_bf16_units`): there bf16 matmuls fall back to slow conversions,
+    far slower than float32.
+
+    Raises:
+        Bf16UnitsError: no bf16 units; the message names the fix (decode in float32).
+    """
+    if not has_bf16_units(device_type):
+        raise Bf16UnitsError(
+            f"bf16 decoding (model.decoding.bf16=true) needs bf16 matrix units, and this "
+            f"{device_type} has none (a CPU needs avx512_bf16 or amx_bf16, a GPU Ampere or "
+            "newer); decode in float32 (model.decoding.bf16=false)")
+
+
 def translate(init_state: Callable, step: Callable, tokenizer, sentences: Sequence[str],
               batch_size: int = 128, device: torch.device | str = "cpu",
               beam_size: int = 1, alpha: float = 0.0, bf16: bool = False) -> list[list[int]]:
@@ -265,14 +284,11 @@ def translate(init_state: Callable, step: Callable, tokenizer, sentences: Sequen
     (arg-max ties and near-ties among bf16 logits): evaluate and the exports decode in float32.
 
     Raises:
-        ValueError: ``bf16=True`` on a device without bf16 units (:func:`attnlab.config.has_bf16_units`),
-            where bf16 would be far slower than float32.
+        Bf16UnitsError: ``bf16=True`` on a device without bf16 units (:func:`require_bf16_units`).
     """
     device = torch.device(device)
-    if bf16 and not has_bf16_units(device.type):
-        raise ValueError(f"bf16 decoding needs bf16 matrix units, and this {device.type} has none "
-                         f"(a CPU needs avx512_bf16 or amx_bf16, a GPU Ampere or newer); "
-                         "decode in float32 (model.decoding.bf16=false)")
+    if bf16:
+        require_bf16_units(device.type)
     # bf16=False leaves the caller's autocast as it is (Lightning's bf16-mixed validation keeps it).
     with torch.autocast(device.type, dtype=torch.bfloat16) if bf16 else contextlib.nullcontext():
         return _translate_batches(init_state, step, tokenizer, sentences, batch_size, device,

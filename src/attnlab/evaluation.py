@@ -13,12 +13,11 @@ from pathlib import Path
 from omegaconf import DictConfig, OmegaConf
 from torch import nn
 
-from attnlab.config import has_bf16_units
 from attnlab.data.corpora import read_lines
 from attnlab.data.synthetic import synthetic_from_config
 from attnlab.data.tokenizer import load_sentencepiece
-from attnlab.decoding import LENGTH_PENALTY, MAX_OUTPUT_LEN, translate_text
-from attnlab.lit.device import DeviceUnavailableError, single_device
+from attnlab.decoding import LENGTH_PENALTY, MAX_OUTPUT_LEN, require_bf16_units, translate_text
+from attnlab.lit.device import single_device
 from attnlab.metrics import corpus_scores, sacrebleu_signatures
 from attnlab.models.nadaraya_watson import nw_evaluation
 
@@ -66,8 +65,9 @@ def evaluate_translation(cfg: DictConfig, net: nn.Module) -> Evaluation:
             further test splits of ``data.splits``; or the tokenized folder lacks a split's
             text (it predates the config: re-run the tokenize stage). All checked before
             anything is decoded.
-        DeviceUnavailableError: the device is not available here, or ``model.decoding.bf16`` on a
-            device without bf16 units. All checked before anything is decoded.
+        DeviceUnavailableError: the device is not available here.
+        Bf16UnitsError: ``model.decoding.bf16`` on a device without bf16 units
+            (:func:`attnlab.decoding.require_bf16_units`). Both checked before anything is decoded.
     """
     if cfg.data.get("test_set") is None:
         fix = (f"D2L scores its models with `python src/d2l_table.py data={cfg.data.name} model={cfg.model.name}`"
@@ -83,13 +83,12 @@ def evaluate_translation(cfg: DictConfig, net: nn.Module) -> Evaluation:
                 f"had `{split}`; re-run the tokenize stage (`dvc repro tokenize`, or "
                 f"`python src/tokenize_data.py data={cfg.data.name}`)")
     device = single_device(cfg.device)
-    if cfg.model.decoding.get("bf16") and not has_bf16_units(device.type):
-        raise DeviceUnavailableError(
-            f"model.decoding.bf16=true needs bf16 matrix units, and this {device.type} has none (a CPU "
-            "needs avx512_bf16 or amx_bf16, a GPU Ampere or newer); drop it to decode in float32")
-    tokenizer = load_sentencepiece(tok_dir / "spm.model")
     decoding = {**OmegaConf.to_container(cfg.model.decoding, resolve=True), "batch_size": BATCH_SIZE,
                 "length_penalty": LENGTH_PENALTY, "max_len": MAX_OUTPUT_LEN}
+    bf16 = bool(decoding.get("bf16", False))
+    if bf16:
+        require_bf16_units(device.type)
+    tokenizer = load_sentencepiece(tok_dir / "spm.model")
 
     net = net.to(device)
 
@@ -99,7 +98,7 @@ def evaluate_translation(cfg: DictConfig, net: nn.Module) -> Evaluation:
         hypotheses = translate_text(net.init_state, net.step, tokenizer, sources,
                                     batch_size=BATCH_SIZE, device=device,
                                     beam_size=decoding["beam_size"], alpha=decoding["alpha"],
-                                    bf16=bool(decoding.get("bf16", False)))
+                                    bf16=bf16)
         return {**corpus_scores(hypotheses, references), "num_sentences": len(hypotheses)}, hypotheses
 
     main, hypotheses = score("test")

@@ -101,8 +101,9 @@ def find_resume_point(checkpoint_dir: Path, fingerprint: str) -> tuple[ResumePoi
         return None, f"ignoring {path}: not a resumable checkpoint ({type(e).__name__}: {e}); starting afresh"
     if state.get("fingerprint") != fingerprint:
         return None, f"ignoring {path}: written with another config; starting afresh"
+    epoch = ckpt["epoch"] + 1  # Lightning counts epochs from 0, the console's lines from 1
     return (ResumePoint(path, state.get("run_id")),
-            f"resuming from {path} (epoch {ckpt.get('epoch')}, step {ckpt.get('global_step')}), "
+            f"resuming from {path} (saved in epoch {epoch}, after step {ckpt['global_step']}), "
             f"MLflow run {state.get('run_id')}")
 
 
