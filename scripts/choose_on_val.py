@@ -1,0 +1,169 @@
+"""Choose checkpoint averaging and the length penalty on the validation split, never on test.
+
+    python scripts/choose_on_val.py checkpoints/transformer/epochs \
+        --tokenized data/tokenized/multi30k-en-de --last 1 3 5 8 10 --alpha 0.6 0.8 1.0 1.2 \
+        --out val_choice.json --write checkpoints/transformer/best.ckpt
+
+Input: the weights a Transformer run kept at the end of every epoch, one Lightning checkpoint
+each. A run keeps them with a second ``ModelCheckpoint`` (README "The full profile"):
+
+    python src/train.py +experiment=full '+callbacks.every_epoch={_target_:
+        pytorch_lightning.callbacks.ModelCheckpoint, dirpath: checkpoints/transformer/epochs,
+        filename: "e{epoch:02d}", monitor: step, mode: max, save_top_k: -1,
+        save_weights_only: true, auto_insert_metric_name: false}'
+
+Step 1: for each N of ``--last``, the mean of the last N epochs' weights (the same float64 mean
+as ``checkpoint.average_last=N``, :class:`attnlab.lit.averaging.WeightAveraging`; Vaswani et al.
+2017, 6.1) decodes the whole validation split with beam search at the first ``--alpha`` given
+as the reference α (default 1.0, evaluate's) and is scored with sacreBLEU (cased 13a, as
+evaluate). Step 2: the best N decodes the validation split again at each α of ``--alpha``
+(length penalty ((5 + |Y|) / 6)^α, Wu et al. 2016, eq. 14). The best by BLEU wins each step;
+ties go to the smaller N and to α = the reference.
+
+Output: a table on stdout, and with ``--out`` the same as JSON (every candidate's BLEU,
+lowercased BLEU, chrF and seconds, and the choice). ``--write PATH`` saves the chosen average
+as a checkpoint ``src/evaluate.py`` reads (``checkpoint.filename``; the newest epoch's file with
+its weights replaced), atomically: an interrupted write leaves the old file.
+
+Raises (as SystemExit with the fix): the folder holds no epoch checkpoint; an N of ``--last``
+exceeds the number of epochs kept; the tokenized folder lacks ``val.src.txt``/``val.tgt.txt``.
+"""
+from __future__ import annotations
+
+import argparse
+import io
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+
+from attnlab.checkpoint import load_net
+from attnlab.data.corpora import read_lines
+from attnlab.data.tokenizer import load_sentencepiece
+from attnlab.decoding import translate_text
+from attnlab.files import write_bytes_atomic, write_json_atomic
+from attnlab.lit.averaging import WeightAveraging
+from attnlab.metrics import corpus_scores
+
+
+def epoch_checkpoints(folder: Path) -> list[tuple[int, Path]]:
+    """``(epoch (1-based), path)`` of each ``*.ckpt`` in ``folder``, oldest first, by the epoch the
+    checkpoint itself records (Lightning's 0-based ``epoch`` + 1), not by its name."""
+    found = []
+    for path in sorted(folder.glob("*.ckpt")):
+        ckpt = torch.load(path, map_location="cpu", weights_only=True)
+        found.append((int(ckpt["epoch"]) + 1, path))
+    if not found:
+        raise SystemExit(f"{folder} holds no *.ckpt; train with the per-epoch ModelCheckpoint of this "
+                         "script's docstring (README 'The full profile')")
+    return sorted(found)
+
+
+def average_last(checkpoints: list[tuple[int, Path]], n: int) -> dict:
+    """The newest epoch's checkpoint dict with its ``state_dict`` replaced by the mean of the last
+    ``n`` epochs' (:meth:`WeightAveraging.average`: float64 mean, integer buffers the newest's).
+
+    Raises:
+        ValueError: ``n`` is not between 1 and the number of checkpoints."""
+    if not 1 <= n <= len(checkpoints):
+        raise ValueError(f"cannot average the last {n} of {len(checkpoints)} epochs")
+    averaging = WeightAveraging(n)
+    newest = None
+    for epoch, path in checkpoints[-n:]:
+        newest = torch.load(path, map_location="cpu", weights_only=True)
+        averaging.snapshots[epoch - 1] = newest["state_dict"]
+    return {**newest, "state_dict": averaging.average()}
+
+
+def load_averaged(ckpt: dict, tmp_dir: Path) -> torch.nn.Module:
+    """The net of ``ckpt`` through :func:`attnlab.checkpoint.load_net` (the evaluate stage's loader)."""
+    path = tmp_dir / "candidate.ckpt"
+    torch.save(ckpt, path)
+    return load_net(path, expected_kind="transformer")
+
+
+def score_val(net, tokenizer, sources, references, beam_size: int, alpha: float) -> dict:
+    """Beam search over the validation sources, detokenized, scored with sacreBLEU (as evaluate)."""
+    start = time.perf_counter()
+    hypotheses = translate_text(net.init_state, net.step, tokenizer, sources, batch_size=128,
+                                device="cpu", beam_size=beam_size, alpha=alpha)
+    return {**corpus_scores(hypotheses, references), "seconds": round(time.perf_counter() - start, 1)}
+
+
+def best(rows: list[dict], prefer) -> dict:
+    """The row with the highest BLEU; ties go to ``prefer`` (a function of the row, higher wins)."""
+    return max(rows, key=lambda row: (round(row["bleu"], 6), prefer(row)))
+
+
+def write_checkpoint(ckpt: dict, path: Path) -> None:
+    """``torch.save`` of ``ckpt`` to ``path`` atomically (:func:`attnlab.files.write_bytes_atomic`)."""
+    buffer = io.BytesIO()
+    torch.save(ckpt, buffer)
+    write_bytes_atomic(path, buffer.getvalue())
+
+
+def main(argv: list[str] | None = None) -> dict:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("epochs", type=Path, help="folder of per-epoch checkpoints")
+    parser.add_argument("--tokenized", type=Path, required=True,
+                        help="data/tokenized/<data>-<src>-<tgt> (spm.model, val.src.txt, val.tgt.txt)")
+    parser.add_argument("--last", type=int, nargs="+", default=[1, 3, 5, 8, 10])
+    parser.add_argument("--alpha", type=float, nargs="+", default=[1.0, 0.6, 0.8, 1.2],
+                        help="length penalties; the first is the reference α of step 1")
+    parser.add_argument("--beam-size", type=int, default=5)
+    parser.add_argument("--out", type=Path, help="write the results as JSON here")
+    parser.add_argument("--write", type=Path, help="save the chosen average as a checkpoint here")
+    args = parser.parse_args(argv)
+
+    missing = [f for f in ("spm.model", "val.src.txt", "val.tgt.txt") if not (args.tokenized / f).is_file()]
+    if missing:
+        raise SystemExit(f"{args.tokenized} lacks {', '.join(missing)}; run the tokenize stage "
+                         "(`dvc repro tokenize` or `python src/tokenize_data.py`) for this direction")
+    checkpoints = epoch_checkpoints(args.epochs)
+    for n in args.last:
+        if not 1 <= n <= len(checkpoints):
+            raise SystemExit(f"--last {n}: {args.epochs} keeps {len(checkpoints)} epochs; give N from 1 "
+                             f"to {len(checkpoints)}")
+    tokenizer = load_sentencepiece(args.tokenized / "spm.model")
+    sources = read_lines(args.tokenized / "val.src.txt")
+    references = read_lines(args.tokenized / "val.tgt.txt")
+    ref_alpha = args.alpha[0]
+    print(f"{len(checkpoints)} epochs kept ({checkpoints[0][0]}–{checkpoints[-1][0]}); validation: "
+          f"{len(sources)} sentences, beam {args.beam_size}", flush=True)
+
+    with tempfile.TemporaryDirectory() as tmp:
+        averages = []
+        for n in sorted(set(args.last)):
+            net = load_averaged(average_last(checkpoints, n), Path(tmp))
+            row = {"last": n, "epochs": [e for e, _ in checkpoints[-n:]], "alpha": ref_alpha,
+                   **score_val(net, tokenizer, sources, references, args.beam_size, ref_alpha)}
+            averages.append(row)
+            print(f"mean of the last {n:>2}  α {ref_alpha:<4}  BLEU {row['bleu']:6.2f}  lc {row['bleu_lc']:6.2f}  "
+                  f"chrF {row['chrf']:6.2f}  ({row['seconds']} s)", flush=True)
+        chosen_n = best(averages, lambda row: -row["last"])["last"]
+        net = load_averaged(average_last(checkpoints, chosen_n), Path(tmp))
+        alphas = [next(row for row in averages if row["last"] == chosen_n)]
+        for alpha in args.alpha[1:]:
+            row = {"last": chosen_n, "alpha": alpha,
+                   **score_val(net, tokenizer, sources, references, args.beam_size, alpha)}
+            alphas.append(row)
+            print(f"mean of the last {chosen_n:>2}  α {alpha:<4}  BLEU {row['bleu']:6.2f}  lc {row['bleu_lc']:6.2f}  "
+                  f"chrF {row['chrf']:6.2f}  ({row['seconds']} s)", flush=True)
+    chosen = best(alphas, lambda row: row["alpha"] == ref_alpha)
+    result = {"epochs_kept": [e for e, _ in checkpoints], "beam_size": args.beam_size,
+              "val_sentences": len(sources), "averaging": averages, "length_penalty": alphas,
+              "chosen": {"last": chosen_n, "alpha": chosen["alpha"], "bleu": chosen["bleu"]}}
+    print(f"chosen on validation: mean of the last {chosen_n} epochs, α {chosen['alpha']} "
+          f"(BLEU {chosen['bleu']:.2f})")
+    if args.out:
+        write_json_atomic(args.out, result)
+    if args.write:
+        write_checkpoint(average_last(checkpoints, chosen_n), args.write)
+        print(f"wrote {args.write} (checkpoint.average_last={chosen_n}; decode with "
+              f"model.decoding.alpha={chosen['alpha']})")
+    return result
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,94 @@
+"""scripts/choose_on_val.py: averaging and the length penalty chosen on the validation split.
+
+A real tiny Transformer trains 3 epochs with the per-epoch ModelCheckpoint the README gives;
+the script's averages must be the element-wise means of those files, its scores sacreBLEU's on
+the hypotheses the kept weights decode, its choice the best row, and ``--write`` a checkpoint
+that ``load_net`` (the evaluate stage's loader) reads with exactly the chosen weights.
+"""
+import importlib.util
+import json
+
+import pytest
+import sacrebleu
+import torch
+
+from attnlab.checkpoint import load_net
+from attnlab.data.corpora import read_lines
+from attnlab.data.tokenizer import load_sentencepiece
+from attnlab.decoding import translate_text
+
+from tiny_train import ROOT, make_project, train
+
+EVERY_EPOCH = ("+callbacks.every_epoch={_target_: pytorch_lightning.callbacks.ModelCheckpoint, "
+               "dirpath: %s, filename: \"e{epoch:02d}\", monitor: step, mode: max, save_top_k: -1, "
+               "save_weights_only: true, auto_insert_metric_name: false}")
+
+
+def _script():
+    spec = importlib.util.spec_from_file_location("choose_on_val", ROOT / "scripts/choose_on_val.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory):
+    root = make_project(tmp_path_factory.mktemp("choose"))
+    epochs = root / "epochs"
+    done = train(root, "trainer.max_epochs=3", EVERY_EPOCH % epochs)
+    assert done.returncode == 0, done.stderr[-3000:]
+    return root, epochs
+
+
+def test_averages_scores_and_the_written_choice(trained, tmp_path):
+    root, epochs = trained
+    tokenized = root / "data/tokenized/multi30k-en-fr"
+    script = _script()
+    kept = script.epoch_checkpoints(epochs)
+    assert [e for e, _ in kept] == [1, 2, 3]
+
+    # the mean of the last 2 epochs, element by element, from the files themselves
+    e2, e3 = (torch.load(p, map_location="cpu", weights_only=True)["state_dict"] for _, p in kept[1:])
+    mean = script.average_last(kept, 2)["state_dict"]
+    key = "net.encoder_blocks.0.ffn.dense1.weight"
+    assert not torch.equal(e2[key], e3[key])
+    torch.testing.assert_close(mean[key], (e2[key].double() + e3[key].double()).div(2).float(),
+                               rtol=0, atol=0)
+
+    out, written = tmp_path / "choice.json", tmp_path / "best.ckpt"
+    result = script.main([str(epochs), "--tokenized", str(tokenized), "--last", "1", "2", "3",
+                          "--alpha", "1.0", "0.0", "--beam-size", "2",
+                          "--out", str(out), "--write", str(written)])
+    assert json.loads(out.read_text()) == result
+    assert [row["last"] for row in result["averaging"]] == [1, 2, 3]
+    assert result["averaging"][1]["epochs"] == [2, 3]
+
+    # the last epoch alone at α 1: sacreBLEU on what the epoch-3 file decodes (the reference)
+    net = load_net(kept[-1][1], expected_kind="transformer")
+    sources, references = read_lines(tokenized / "val.src.txt"), read_lines(tokenized / "val.tgt.txt")
+    hypotheses = translate_text(net.init_state, net.step, load_sentencepiece(tokenized / "spm.model"),
+                                sources, beam_size=2, alpha=1.0)
+    want = sacrebleu.corpus_bleu(hypotheses, [references]).score
+    assert result["averaging"][0]["bleu"] == pytest.approx(want, abs=1e-9)
+
+    # the choice is the best row of each step; --write holds exactly its weights
+    best_n = max(result["averaging"], key=lambda r: (round(r["bleu"], 6), -r["last"]))["last"]
+    assert result["chosen"]["last"] == best_n
+    assert result["chosen"]["bleu"] == max(r["bleu"] for r in result["length_penalty"])
+    chosen = script.average_last(kept, best_n)["state_dict"]
+    reloaded = load_net(written, expected_kind="transformer").state_dict()
+    for name, value in reloaded.items():
+        torch.testing.assert_close(value, chosen[f"net.{name}"], rtol=0, atol=0)
+
+
+def test_bad_input_names_the_fix(trained, tmp_path):
+    root, epochs = trained
+    tokenized = root / "data/tokenized/multi30k-en-fr"
+    script = _script()
+    with pytest.raises(SystemExit, match=r"--last 4: .* keeps 3 epochs; give N from 1 to 3"):
+        script.main([str(epochs), "--tokenized", str(tokenized), "--last", "4"])
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(SystemExit, match="holds no \\*.ckpt; train with the per-epoch ModelCheckpoint"):
+        script.main([str(tmp_path / "empty"), "--tokenized", str(tokenized)])
+    with pytest.raises(SystemExit, match="lacks spm.model, val.src.txt, val.tgt.txt; run the tokenize stage"):
+        script.main([str(epochs), "--tokenized", str(tmp_path / "empty")])
