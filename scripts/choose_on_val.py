@@ -1,14 +1,15 @@
 """Choose checkpoint averaging and the length penalty on the validation split, never on test.
 
-    python scripts/choose_on_val.py checkpoints/transformer/epochs \
-        --tokenized data/tokenized/multi30k-en-de --last 1 3 5 8 10 --alpha 0.6 0.8 1.0 1.2 \
-        --out val_choice.json --write checkpoints/transformer/best.ckpt
+    python scripts/choose_on_val.py outputs/epochs-en-de \
+        --tokenized data/tokenized/multi30k-en-de --last 1 3 5 8 10 --alpha 1.0 0.6 0.8 1.2 \
+        --out outputs/val_choice.json --write outputs/chosen.ckpt
 
 Input: the weights a Transformer run kept at the end of every epoch, one Lightning checkpoint
-each. A run keeps them with a second ``ModelCheckpoint`` (README "The full profile"):
+each. A run keeps them with a second ``ModelCheckpoint`` (README "The full profile"), in a
+folder of its own outside ``checkpoints/`` (a DVC output) and outside other runs' folders:
 
-    python src/train.py +experiment=full '+callbacks.every_epoch={_target_:
-        pytorch_lightning.callbacks.ModelCheckpoint, dirpath: checkpoints/transformer/epochs,
+    python src/train.py +experiment=full data.tgt_lang=de '+callbacks.every_epoch={_target_:
+        pytorch_lightning.callbacks.ModelCheckpoint, dirpath: outputs/epochs-en-de,
         filename: "e{epoch:02d}", monitor: step, mode: max, save_top_k: -1,
         save_weights_only: true, auto_insert_metric_name: false}'
 
@@ -22,11 +23,19 @@ ties go to the smaller N and to α = the reference.
 
 Output: a table on stdout, and with ``--out`` the same as JSON (every candidate's BLEU,
 lowercased BLEU, chrF and seconds, and the choice). ``--write PATH`` saves the chosen average
-as a checkpoint ``src/evaluate.py`` reads (``checkpoint.filename``; the newest epoch's file with
-its weights replaced), atomically: an interrupted write leaves the old file.
+as a checkpoint that :func:`attnlab.checkpoint.load_net` reads (the newest epoch's file with its
+weights replaced), atomically: an interrupted write leaves the old file. ``src/evaluate.py``
+scores the checkpoint that ``runs/<model>.json`` names (the train stage's ``best.ckpt``, a DVC
+output), so to score the chosen one copy it there yourself and pass the chosen α as
+``model.decoding.alpha``; the MLflow run still records what training kept.
 
-Raises (as SystemExit with the fix): the folder holds no epoch checkpoint; an N of ``--last``
-exceeds the number of epochs kept; the tokenized folder lacks ``val.src.txt``/``val.tgt.txt``.
+Decoding runs on the CPU (``OMP_NUM_THREADS`` threads), about 25 s per candidate for the full
+profile's net on one thread of a 2-core EPYC.
+
+Raises (as SystemExit with the fix): the folder holds no epoch checkpoint, or two for one epoch
+(a second run or a resume into the same folder), or its epochs are not consecutive; an N of
+``--last`` is under 1 or over the number of epochs kept; the tokenized folder lacks
+``spm.model``, ``val.src.txt`` or ``val.tgt.txt``.
 """
 from __future__ import annotations
 
@@ -50,14 +59,25 @@ from attnlab.metrics import corpus_scores
 def epoch_checkpoints(folder: Path) -> list[tuple[int, Path]]:
     """``(epoch (1-based), path)`` of each ``*.ckpt`` in ``folder``, oldest first, by the epoch the
     checkpoint itself records (Lightning's 0-based ``epoch`` + 1), not by its name."""
-    found = []
+    found: dict[int, list[Path]] = {}
     for path in sorted(folder.glob("*.ckpt")):
         ckpt = torch.load(path, map_location="cpu", weights_only=True)
-        found.append((int(ckpt["epoch"]) + 1, path))
+        found.setdefault(int(ckpt["epoch"]) + 1, []).append(path)
     if not found:
         raise SystemExit(f"{folder} holds no *.ckpt; train with the per-epoch ModelCheckpoint of this "
                          "script's docstring (README 'The full profile')")
-    return sorted(found)
+    twice = {epoch: paths for epoch, paths in found.items() if len(paths) > 1}
+    if twice:
+        epoch, paths = min(twice.items())
+        raise SystemExit(f"{folder} holds {len(paths)} checkpoints of epoch {epoch} "
+                         f"({', '.join(p.name for p in paths)}): more than one run wrote there; give each "
+                         "run a folder of its own (the ModelCheckpoint's dirpath)")
+    epochs = sorted(found)
+    if epochs != list(range(epochs[0], epochs[-1] + 1)):
+        missing = sorted(set(range(epochs[0], epochs[-1] + 1)) - set(epochs))
+        raise SystemExit(f"{folder} lacks the checkpoints of epochs {missing}: the last N epochs would "
+                         "not be consecutive; keep every epoch (every_n_epochs: 1, save_top_k: -1)")
+    return [(epoch, found[epoch][0]) for epoch in epochs]
 
 
 def average_last(checkpoints: list[tuple[int, Path]], n: int) -> dict:

@@ -75,6 +75,9 @@ def test_averages_scores_and_the_written_choice(trained, tmp_path):
     best_n = max(result["averaging"], key=lambda r: (round(r["bleu"], 6), -r["last"]))["last"]
     assert result["chosen"]["last"] == best_n
     assert result["chosen"]["bleu"] == max(r["bleu"] for r in result["length_penalty"])
+    assert [r["alpha"] for r in result["length_penalty"]] == [1.0, 0.0]
+    best_alpha = max(result["length_penalty"], key=lambda r: (round(r["bleu"], 6), r["alpha"] == 1.0))
+    assert result["chosen"]["alpha"] == best_alpha["alpha"]
     chosen = script.average_last(kept, best_n)["state_dict"]
     reloaded = load_net(written, expected_kind="transformer").state_dict()
     for name, value in reloaded.items():
@@ -92,3 +95,34 @@ def test_bad_input_names_the_fix(trained, tmp_path):
         script.main([str(tmp_path / "empty"), "--tokenized", str(tokenized)])
     with pytest.raises(SystemExit, match="lacks spm.model, val.src.txt, val.tgt.txt; run the tokenize stage"):
         script.main([str(epochs), "--tokenized", str(tmp_path / "empty")])
+
+
+def test_a_second_run_or_a_gap_in_the_folder_is_refused(trained, tmp_path):
+    import shutil
+
+    _, epochs = trained
+    script = _script()
+    twice = tmp_path / "twice"
+    shutil.copytree(epochs, twice)
+    shutil.copy(twice / "e01.ckpt", twice / "e01-v1.ckpt")  # what a second run into the folder writes
+    with pytest.raises(SystemExit, match=r"holds 2 checkpoints of epoch 2 \(e01-v1.ckpt, e01.ckpt\): "
+                                         r"more than one run wrote there"):
+        script.epoch_checkpoints(twice)
+    gap = tmp_path / "gap"
+    shutil.copytree(epochs, gap)
+    (gap / "e01.ckpt").unlink()
+    with pytest.raises(SystemExit, match=r"lacks the checkpoints of epochs \[2\]"):
+        script.epoch_checkpoints(gap)
+
+
+def test_the_best_row_and_its_tie_rules():
+    """Highest BLEU wins; a tie goes to the smaller N, and to the reference α even when another
+    α of the same BLEU was listed (or decoded) first."""
+    best = _script().best
+    rows = [{"last": 1, "bleu": 40.1}, {"last": 3, "bleu": 40.5}, {"last": 5, "bleu": 40.5},
+            {"last": 8, "bleu": 40.2}]
+    assert best(rows, lambda r: -r["last"])["last"] == 3
+    assert best(rows[:1] + rows[3:], lambda r: -r["last"])["last"] == 8
+    alphas = [{"alpha": 0.6, "bleu": 40.5}, {"alpha": 1.0, "bleu": 40.5}, {"alpha": 1.2, "bleu": 40.4}]
+    assert best(alphas, lambda r: r["alpha"] == 1.0)["alpha"] == 1.0
+    assert best(alphas[::2], lambda r: r["alpha"] == 1.0)["alpha"] == 0.6

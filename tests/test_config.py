@@ -154,12 +154,12 @@ def test_full_profile_experiment_sets_only_its_recipe_on_trainer_full(monkeypatc
                    if k != "defaults"})
     assert own == {"model.lr_decay": "linear", "model.warmup_steps": 800, "model.net.num_layers": 3,
                    "model.net.ffn_hidden": 1024, "model.net.dropout": 0.2, "trainer.max_epochs": 25,
-                   "checkpoint.average_last": 5}
+                   "optimizer.lr": 0.002, "checkpoint.average_last": 8}
     base = _leaves(OmegaConf.to_container(_compose(["trainer=full"], monkeypatch)))
     full = _leaves(OmegaConf.to_container(_compose(["+experiment=full"], monkeypatch)))
     assert all(base[k] != v for k, v in own.items()), "experiment/full.yaml repeats a value"
     assert full == {**base, **own}
-    assert full["model.name"] == "transformer" and full["optimizer.lr"] == 0.001  # Adam's own peak
+    assert base["optimizer.lr"] == 0.001 and full["optimizer.lr"] == 0.002  # adam.yaml's peak, the profile's
     assert full["trainer.precision"] == "${bf16_if_supported:${device.accelerator}}"
 
 
@@ -171,7 +171,8 @@ def test_full_profile_as_dvc_runs_it_takes_max_epochs_from_params(monkeypatch):
     assert _compose([*stage, "trainer.max_epochs=4", "+experiment=full"],
                     monkeypatch).trainer.max_epochs == 4
     cfg = _compose([*stage, "trainer.max_epochs=25", "+experiment=full"], monkeypatch)
-    assert (cfg.trainer.max_epochs, cfg.model.net.dropout, cfg.checkpoint.average_last) == (25, 0.2, 5)
+    assert (cfg.trainer.max_epochs, cfg.model.net.dropout, cfg.optimizer.lr,
+            cfg.checkpoint.average_last) == (25, 0.2, 0.002, 8)
 
 
 @pytest.mark.parametrize("flags, device, expected", [
