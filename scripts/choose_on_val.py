@@ -61,7 +61,7 @@ def epoch_checkpoints(folder: Path) -> list[tuple[int, Path]]:
     checkpoint itself records (Lightning's 0-based ``epoch`` + 1), not by its name."""
     found: dict[int, list[Path]] = {}
     for path in sorted(folder.glob("*.ckpt")):
-        ckpt = torch.load(path, map_location="cpu", weights_only=True)
+        ckpt = torch.load(path, map_location="cpu", weights_only=True, mmap=True)  # reads only "epoch"
         found.setdefault(int(ckpt["epoch"]) + 1, []).append(path)
     if not found:
         raise SystemExit(f"{folder} holds no *.ckpt; train with the per-epoch ModelCheckpoint of this "
@@ -111,6 +111,12 @@ def score_val(net, tokenizer, sources, references, beam_size: int, alpha: float)
     return {**corpus_scores(hypotheses, references), "seconds": round(time.perf_counter() - start, 1)}
 
 
+def row_line(row: dict) -> str:
+    """One printed line of the table."""
+    return (f"mean of the last {row['last']:>2}  α {row['alpha']:<4}  BLEU {row['bleu']:6.2f}  "
+            f"lc {row['bleu_lc']:6.2f}  chrF {row['chrf']:6.2f}  ({row['seconds']} s)")
+
+
 def best(rows: list[dict], prefer) -> dict:
     """The row with the highest BLEU; ties go to ``prefer`` (a function of the row, higher wins)."""
     return max(rows, key=lambda row: (round(row["bleu"], 6), prefer(row)))
@@ -153,23 +159,24 @@ def main(argv: list[str] | None = None) -> dict:
           f"{len(sources)} sentences, beam {args.beam_size}", flush=True)
 
     with tempfile.TemporaryDirectory() as tmp:
-        averages = []
+        averages, kept = [], {}  # kept: N → (averaged checkpoint, its net), for step 2 and --write
         for n in sorted(set(args.last)):
-            net = load_averaged(average_last(checkpoints, n), Path(tmp))
+            ckpt = average_last(checkpoints, n)
+            net = load_averaged(ckpt, Path(tmp))
+            kept[n] = ckpt, net
             row = {"last": n, "epochs": [e for e, _ in checkpoints[-n:]], "alpha": ref_alpha,
                    **score_val(net, tokenizer, sources, references, args.beam_size, ref_alpha)}
             averages.append(row)
-            print(f"mean of the last {n:>2}  α {ref_alpha:<4}  BLEU {row['bleu']:6.2f}  lc {row['bleu_lc']:6.2f}  "
-                  f"chrF {row['chrf']:6.2f}  ({row['seconds']} s)", flush=True)
+            print(row_line(row), flush=True)
         chosen_n = best(averages, lambda row: -row["last"])["last"]
-        net = load_averaged(average_last(checkpoints, chosen_n), Path(tmp))
+        chosen_ckpt, net = kept.pop(chosen_n)
+        kept.clear()  # the other averages' weights are no longer needed
         alphas = [next(row for row in averages if row["last"] == chosen_n)]
         for alpha in args.alpha[1:]:
             row = {"last": chosen_n, "alpha": alpha,
                    **score_val(net, tokenizer, sources, references, args.beam_size, alpha)}
             alphas.append(row)
-            print(f"mean of the last {chosen_n:>2}  α {alpha:<4}  BLEU {row['bleu']:6.2f}  lc {row['bleu_lc']:6.2f}  "
-                  f"chrF {row['chrf']:6.2f}  ({row['seconds']} s)", flush=True)
+            print(row_line(row), flush=True)
     chosen = best(alphas, lambda row: row["alpha"] == ref_alpha)
     result = {"epochs_kept": [e for e, _ in checkpoints], "beam_size": args.beam_size,
               "val_sentences": len(sources), "averaging": averages, "length_penalty": alphas,
@@ -179,7 +186,7 @@ def main(argv: list[str] | None = None) -> dict:
     if args.out:
         write_json_atomic(args.out, result)
     if args.write:
-        write_checkpoint(average_last(checkpoints, chosen_n), args.write)
+        write_checkpoint(chosen_ckpt, args.write)
         print(f"wrote {args.write} (checkpoint.average_last={chosen_n}; decode with "
               f"model.decoding.alpha={chosen['alpha']})")
     return result
