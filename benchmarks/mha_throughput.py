@@ -6,6 +6,7 @@ same process, never as absolute pass/fail numbers.
 
     python benchmarks/mha_throughput.py [--batch 64 --len 32 --d-model 256 --heads 4 --steps 30]
 """
+
 import argparse
 import json
 import time
@@ -45,12 +46,21 @@ def main() -> None:
     def run_peer():
         peer(X, X, X, key_padding_mask=pad_mask, need_weights=False)[0].sum().backward()
 
-    t_fused, t_weights, t_peer = (bench(run_ours(False), a.steps), bench(run_ours(True), a.steps),
-                                  bench(run_peer, a.steps))
+    t_fused, t_weights, t_peer = (
+        bench(run_ours(False), a.steps),
+        bench(run_ours(True), a.steps),
+        bench(run_peer, a.steps),
+    )
     q = a.batch * a.len
-    result = {"attnlab_fused_qps": q / t_fused, "attnlab_weights_qps": q / t_weights,
-              "peer_qps": q / t_peer, "fused_vs_peer": t_peer / t_fused,
-              "weights_vs_peer": t_peer / t_weights, "threads": torch.get_num_threads(), **vars(a)}
+    result = {
+        "attnlab_fused_qps": q / t_fused,
+        "attnlab_weights_qps": q / t_weights,
+        "peer_qps": q / t_peer,
+        "fused_vs_peer": t_peer / t_fused,
+        "weights_vs_peer": t_peer / t_weights,
+        "threads": torch.get_num_threads(),
+        **vars(a),
+    }
     for k, v in result.items():
         print(f"{k:>22}: {v:.3f}" if isinstance(v, float) else f"{k:>22}: {v}")
     print(json.dumps(result))

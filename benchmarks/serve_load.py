@@ -5,7 +5,7 @@ The load of ``tests/test_serving_load.py`` at a larger size (the same code,
 each at once, 1–32 sentences (seeded) or, every ``--invalid-every``-th, one of
 the invalid requests (bad JSON, wrong schema, non-strings, an empty list, over
 each limit), and check every answer: 200 with the translations
-:class:`attnlab.export.translator.Translator` gives, or a 4xx whose message names the problem.
+:class:`attnlab.serving.translator.Translator` gives, or a 4xx whose message names the problem.
 The server's process tree RSS is sampled throughout. The last line of output is one
 JSON object: latency p50/p95/p99 (ms, valid requests), sentences/s, requests by
 HTTP status, wrong answers, RSS of the first and last quarter of the run and its growth.
@@ -19,6 +19,7 @@ Sentences: the tiny model's 48 training sentences, or for ``--model`` the first
 or ../shared/data), translated once up front as the reference (``--no-check``: only
 count them). Exits 1 when an answer was wrong or a 5xx came back.
 """
+
 import argparse
 import gzip
 import json
@@ -28,16 +29,24 @@ import tempfile
 import time
 from pathlib import Path
 
+import mlflow
+import torch
+
+from attnlab.serving.registry import log_served_model
+from attnlab.serving.translator import Translator
+
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "tests"))  # serve_harness, corpus_fixture
+sys.path.insert(0, str(ROOT / "tests"))  # helpers.serve_harness, helpers.corpus_fixture
 
-import mlflow  # noqa: E402
-import torch  # noqa: E402
-
-from attnlab.export.registry import log_served_model  # noqa: E402
-from attnlab.export.translator import Translator  # noqa: E402
-from serve_harness import (PAIRS, invalid_requests, run_load, start_server,  # noqa: E402
-                           stop_server, summarize, tiny_export)
+from helpers.serve_harness import (  # noqa: E402 - tests/ is put on sys.path just above
+    PAIRS,
+    invalid_requests,
+    run_load,
+    start_server,
+    stop_server,
+    summarize,
+    tiny_export,
+)
 
 
 def tiny_model(tmp: Path) -> tuple[str, str]:
@@ -66,8 +75,11 @@ def multi30k_sources(n: int) -> list[str]:
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--model", help="models:/… URI of a served model (MLFLOW_TRACKING_URI set); "
-                                   "default: the tests' tiny model in a temporary store")
+    p.add_argument(
+        "--model",
+        help="models:/… URI of a served model (MLFLOW_TRACKING_URI set); "
+        "default: the tests' tiny model in a temporary store",
+    )
     p.add_argument("--clients", type=int, default=8)
     p.add_argument("--requests", type=int, default=100, help="requests per client")
     p.add_argument("--invalid-every", type=int, default=4)
@@ -98,23 +110,54 @@ def main() -> None:
         try:
             # Warm-up, not measured: the first decodes allocate torch's buffers and each
             # server thread its malloc arena.
-            run_load(base, server.pid, pool, None, [], clients=a.clients,
-                     requests_per_client=a.warmup, max_sentences=a.max_sentences,
-                     seed=a.seed + 1000, deadline_s=a.deadline, translator=translator)
-            load = run_load(base, server.pid, pool, expected, invalid_requests(translator),
-                            clients=a.clients, requests_per_client=a.requests,
-                            max_sentences=a.max_sentences, invalid_every=a.invalid_every,
-                            seed=a.seed, deadline_s=a.deadline, translator=translator)
+            run_load(
+                base,
+                server.pid,
+                pool,
+                None,
+                [],
+                clients=a.clients,
+                requests_per_client=a.warmup,
+                max_sentences=a.max_sentences,
+                seed=a.seed + 1000,
+                deadline_s=a.deadline,
+                translator=translator,
+            )
+            load = run_load(
+                base,
+                server.pid,
+                pool,
+                expected,
+                invalid_requests(translator),
+                clients=a.clients,
+                requests_per_client=a.requests,
+                max_sentences=a.max_sentences,
+                invalid_every=a.invalid_every,
+                seed=a.seed,
+                deadline_s=a.deadline,
+                translator=translator,
+            )
         finally:
             stop_server(server)
     stats = summarize(load)
     problems = [r.problem for r in load.results if r.problem]
     for problem in problems[:10]:
         print("wrong answer:", problem, file=sys.stderr)
-    print(json.dumps({"model": model_uri, "clients": a.clients, "requests_per_client": a.requests,
-                      "invalid_every": a.invalid_every, "workers": a.workers or os.cpu_count(),
-                      "beam_size": translator.beam_size, "server_up_s": round(up_s, 1),
-                      "reference_s": round(reference_s, 1), **stats}))
+    print(
+        json.dumps(
+            {
+                "model": model_uri,
+                "clients": a.clients,
+                "requests_per_client": a.requests,
+                "invalid_every": a.invalid_every,
+                "workers": a.workers or os.cpu_count(),
+                "beam_size": translator.beam_size,
+                "server_up_s": round(up_s, 1),
+                "reference_s": round(reference_s, 1),
+                **stats,
+            }
+        )
+    )
     sys.exit(1 if problems or any(r.status >= 500 or r.status == 0 for r in load.results) else 0)
 
 

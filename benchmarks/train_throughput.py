@@ -28,6 +28,7 @@ The last line is one JSON object.
     python benchmarks/train_throughput.py [--steps 10 --bf16-steps 3 --warmup 3 --max-tokens 2400]
     ATTNLAB_DATA_MIRROR=../shared/data python benchmarks/train_throughput.py   # no data/raw yet
 """
+
 from __future__ import annotations
 
 import argparse
@@ -46,7 +47,7 @@ from torch.nn import functional as F
 from attnlab.data.batching import PairDataset, TokenBudgetBatchSampler, collate, padding_fraction
 from attnlab.data.corpora import read_multi30k
 from attnlab.data.tokenizer import EOS_ID, PAD_ID, train_sentencepiece
-from attnlab.decoding import beam_search, greedy_decode
+from attnlab.inference.decoding import beam_search, greedy_decode
 from attnlab.loss import sequence_loss
 from attnlab.models.transformer import Transformer
 
@@ -60,15 +61,16 @@ class TorchTransformerMT(nn.Module):
         super().__init__()
         self.d_model = d_model
         self.embedding = nn.Embedding(vocab_size, d_model, padding_idx=PAD_ID)
-        nn.init.normal_(self.embedding.weight, std=d_model ** -0.5)
+        nn.init.normal_(self.embedding.weight, std=d_model**-0.5)
         pos = torch.arange(1024, dtype=torch.float32)[:, None]
         div = torch.pow(10000.0, torch.arange(0, d_model, 2, dtype=torch.float32) / d_model)
         pe = torch.zeros(1024, d_model)
         pe[:, 0::2], pe[:, 1::2] = torch.sin(pos / div), torch.cos(pos / div)
         self.register_buffer("pe", pe, persistent=False)
         self.dropout = nn.Dropout(dropout)
-        self.transformer = nn.Transformer(d_model, num_heads, num_layers, num_layers, ffn_hidden,
-                                          dropout, batch_first=True)
+        self.transformer = nn.Transformer(
+            d_model, num_heads, num_layers, num_layers, ffn_hidden, dropout, batch_first=True
+        )
         self.output = nn.Linear(d_model, vocab_size, bias=False)
         self.output.weight = self.embedding.weight
 
@@ -79,17 +81,24 @@ class TorchTransformerMT(nn.Module):
         src_pad = torch.arange(src.shape[1])[None, :] >= src_valid_lens[:, None]
         T = tgt_in.shape[1]
         causal = nn.Transformer.generate_square_subsequent_mask(T, dtype=torch.bool)
-        out = self.transformer(self._embed(src), self._embed(tgt_in), tgt_mask=causal, tgt_is_causal=True,
-                               src_key_padding_mask=src_pad, memory_key_padding_mask=src_pad,
-                               tgt_key_padding_mask=tgt_in == PAD_ID)
+        out = self.transformer(
+            self._embed(src),
+            self._embed(tgt_in),
+            tgt_mask=causal,
+            tgt_is_causal=True,
+            src_key_padding_mask=src_pad,
+            memory_key_padding_mask=src_pad,
+            tgt_key_padding_mask=tgt_in == PAD_ID,
+        )
         return self.output(out)
 
 
 def logits_loss(model, batch):
     """The obvious loss: all (B, T, V) logits, then F.cross_entropy (what the peer's user writes)."""
     logits = model(batch["src"], batch["src_valid_lens"], batch["tgt_in"])
-    return F.cross_entropy(logits.float().flatten(0, 1), batch["tgt_out"].flatten(),
-                           ignore_index=PAD_ID, label_smoothing=0.1)
+    return F.cross_entropy(
+        logits.float().flatten(0, 1), batch["tgt_out"].flatten(), ignore_index=PAD_ID, label_smoothing=0.1
+    )
 
 
 def attnlab_loss(model, batch):
@@ -125,14 +134,16 @@ def matmul_rate(dtype, n=1024, reps=20) -> float:
     t = time.perf_counter()
     for _ in range(reps):
         a @ b
-    return 2 * n ** 3 * reps / (time.perf_counter() - t)
+    return 2 * n**3 * reps / (time.perf_counter() - t)
 
 
 def without_eos(step):
     """``step`` with <eos> forbidden, so every output has exactly the decoding length."""
+
     def forced(ys, *state):
         logits, *state = step(ys, *state)
         return (logits.index_fill(-1, torch.tensor([EOS_ID]), float("-inf")), *state)
+
     return forced
 
 
@@ -143,7 +154,9 @@ def load_pairs(args):
         if not mirror:
             raise SystemExit(f"no {raw}/multi30k: run `dvc repro download` or set ATTNLAB_DATA_MIRROR")
         raw = Path(mirror)
-    return read_multi30k(raw / "multi30k", "train", "en", "fr"), read_multi30k(raw / "multi30k", "val", "en", "fr")
+    return read_multi30k(raw / "multi30k", "train", "en", "fr"), read_multi30k(
+        raw / "multi30k", "val", "en", "fr"
+    )
 
 
 def main() -> None:
@@ -153,13 +166,21 @@ def main() -> None:
     p.add_argument("--max-tokens", type=int, default=2400)
     p.add_argument("--steps", type=int, default=10)
     p.add_argument("--warmup", type=int, default=3)
-    p.add_argument("--bf16-steps", type=int, default=3,
-                   help="timed bf16 steps (few: a CPU without bf16 matrix units is ~20× slower)")
+    p.add_argument(
+        "--bf16-steps",
+        type=int,
+        default=3,
+        help="timed bf16 steps (few: a CPU without bf16 matrix units is ~20× slower)",
+    )
     p.add_argument("--decode-sentences", type=int, default=64)
     p.add_argument("--decode-len", type=int, default=30)
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--logits-loss", action=argparse.BooleanOptionalAction, default=True,
-                   help="also time attnlab's model with the peer's full-logits loss")
+    p.add_argument(
+        "--logits-loss",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="also time attnlab's model with the peer's full-logits loss",
+    )
     a = p.parse_args()
     torch.manual_seed(a.seed)
 
@@ -175,16 +196,20 @@ def main() -> None:
     pad_epoch = padding_fraction(epoch, ds.src, ds.tgt)
 
     size = dict(d_model=256, num_heads=4, num_layers=3, ffn_hidden=1024, dropout=0.1)
-    models = {"attnlab": Transformer(V, **size, tie_embeddings=True),
-              "peer": TorchTransformerMT(V, **size)}
+    models = {"attnlab": Transformer(V, **size, tie_embeddings=True), "peer": TorchTransformerMT(V, **size)}
     # attnlab as it trains (attnlab.loss) and the peer as a user writes it (full logits).
     losses = {"attnlab": attnlab_loss, "peer": logits_loss}
     if a.logits_loss:  # also attnlab's model with the peer's loss: the model alone vs the peer
         models["attnlab_logits_loss"] = Transformer(V, **size, tie_embeddings=True)
         losses["attnlab_logits_loss"] = logits_loss
     params = {k: sum(p.numel() for p in m.parameters()) for k in ("attnlab", "peer") for m in [models[k]]}
-    result = {"vocab": V, "params_attnlab": params["attnlab"], "params_peer": params["peer"],
-              "padding_fraction": pad_epoch, "batches_per_epoch": len(epoch)}
+    result = {
+        "vocab": V,
+        "params_attnlab": params["attnlab"],
+        "params_peer": params["peer"],
+        "padding_fraction": pad_epoch,
+        "batches_per_epoch": len(epoch),
+    }
 
     for precision, steps in (("fp32", a.steps), ("bf16", a.bf16_steps)):
         if steps < 1:
@@ -212,11 +237,21 @@ def main() -> None:
         result[f"matmul_gflops_{precision}"] = rate / 1e9
         result[f"attnlab_vs_peer_{precision}"] = elapsed["peer"] / elapsed["attnlab"]
         if "attnlab_logits_loss" in models:
-            result[f"attnlab_logits_loss_vs_peer_{precision}"] = elapsed["peer"] / elapsed["attnlab_logits_loss"]
-        print(f"{precision}: attnlab {result[f'attnlab_{precision}']:.0f} tok/s, "
-              f"peer {result[f'peer_{precision}']:.0f} tok/s, ratio {result[f'attnlab_vs_peer_{precision}']:.2f}"
-              + (f"; attnlab's model with the peer's loss {result[f'attnlab_logits_loss_{precision}']:.0f} tok/s"
-                 if "attnlab_logits_loss" in models else ""), flush=True)
+            result[f"attnlab_logits_loss_vs_peer_{precision}"] = (
+                elapsed["peer"] / elapsed["attnlab_logits_loss"]
+            )
+        print(
+            f"{precision}: attnlab {result[f'attnlab_{precision}']:.0f} tok/s, "
+            f"peer {result[f'peer_{precision}']:.0f} tok/s, "
+            f"ratio {result[f'attnlab_vs_peer_{precision}']:.2f}"
+            + (
+                f"; attnlab's model with the peer's loss "
+                f"{result[f'attnlab_logits_loss_{precision}']:.0f} tok/s"
+                if "attnlab_logits_loss" in models
+                else ""
+            ),
+            flush=True,
+        )
     if a.bf16_steps >= 1:
         result["bf16_vs_fp32_attnlab"] = result["attnlab_bf16"] / result["attnlab_fp32"]
         result["bf16_vs_fp32_peer"] = result["peer_bf16"] / result["peer_fp32"]
@@ -224,8 +259,10 @@ def main() -> None:
     net = models["attnlab"].eval()
     sources = [s for s, _ in val[: a.decode_sentences]]
     src, valid = sp.encode_sources(sources)
-    interfaces = {"cached": (net.init_state, without_eos(net.step)),
-                  "uncached": (net.init_state_uncached, without_eos(net.step_uncached))}
+    interfaces = {
+        "cached": (net.init_state, without_eos(net.step)),
+        "uncached": (net.init_state_uncached, without_eos(net.step_uncached)),
+    }
     outputs = {}
     for beam in (1, 5):
         for name, (init, step) in interfaces.items():
@@ -239,9 +276,13 @@ def main() -> None:
             outputs[(beam, name)] = ys
         same = torch.equal(outputs[(beam, "cached")], outputs[(beam, "uncached")])
         result[f"decode_beam{beam}_identical_tokens"] = same
-        result[f"decode_beam{beam}_mean_len"] = float((outputs[(beam, "cached")] != PAD_ID).sum(1).float().mean())
+        result[f"decode_beam{beam}_mean_len"] = float(
+            (outputs[(beam, "cached")] != PAD_ID).sum(1).float().mean()
+        )
     result["decode_cached_vs_uncached"] = result["decode_cached"] / result["decode_uncached"]
-    result["decode_beam5_cached_vs_uncached"] = result["decode_beam5_cached"] / result["decode_beam5_uncached"]
+    result["decode_beam5_cached_vs_uncached"] = (
+        result["decode_beam5_cached"] / result["decode_beam5_uncached"]
+    )
     result["peak_rss_mb"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
     result.update(threads=torch.get_num_threads(), torch=torch.__version__, **vars(a))
     for k, v in result.items():

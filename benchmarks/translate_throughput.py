@@ -1,12 +1,12 @@
 """Translation speed of attnlab's Transformer: eager checkpoint, exported model and CTranslate2.
 
 Decodes the real Multi30k test set (test_2016_flickr, English → French, the first
-``--sentences`` of its 1,000 sentences) with four engines (five where the CPU has bf16 units), each greedy (beam 1) and with
-beam search (``--beam-size`` 5, length penalty ``--alpha`` 1.0: the model's ``decoding`` in
-``conf/model/transformer.yaml``), in one run:
+``--sentences`` of its 1,000 sentences) with four engines (five where the CPU has bf16 units),
+each greedy (beam 1) and with beam search (``--beam-size`` 5, length penalty ``--alpha`` 1.0:
+the model's ``decoding`` in ``conf/model/transformer.yaml``), in one run:
 
 - ``checkpoint``: the trained checkpoint decoded eagerly, :func:`attnlab.checkpoint.load_net`
-  + :func:`attnlab.decoding.translate` (what ``src/evaluate.py`` runs); its JSON keys are
+  + :func:`attnlab.inference.decoding.translate` (what ``src/evaluate.py`` runs); its JSON keys are
   ``torch_*``;
 - ``checkpoint_bf16``: the same under bf16 autocast (``translate(..., bf16=True)``, opt-in in
   attnlab: ``model.decoding.bf16``), keys ``torch_bf16_*`` and the ratios ``<mode>_bf16_vs_torch``;
@@ -14,7 +14,7 @@ beam search (``--beam-size`` 5, length penalty ``--alpha`` 1.0: the model's ``de
   others attnlab refuses it;
 - ``export``: the export folder's torch programs (whatever its ``config.json`` names:
   TorchScript traces or ``torch.export`` programs) through
-  :class:`attnlab.export.translator.Translator` (``engine="torch"``), the same decoding loops;
+  :class:`attnlab.serving.translator.Translator` (``engine="torch"``), the same decoding loops;
 - ``ct2_fp32`` and ``ct2_int8``: the folder's CTranslate2 models through the same
   ``Translator`` (``engine="ctranslate2"`` / ``"ctranslate2_int8"``, i.e.
   :class:`attnlab.export.ctranslate2.CTranslate2Translator`).
@@ -84,9 +84,11 @@ sentences, runs, ``random_weights``, load average before and after). An engine t
     python benchmarks/translate_throughput.py --random-weights --sentences 40 --runs 1
     python benchmarks/translate_throughput.py --engines checkpoint,ct2_int8 --threads 1
 """
+
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import multiprocessing as mp
 import os
@@ -105,21 +107,41 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 ENGINES = ("checkpoint", "checkpoint_bf16", "export", "ct2_fp32", "ct2_int8")
 # The engine name in the JSON keys, and the Translator engine (None: eager checkpoint).
-KEY = {"checkpoint": "torch", "checkpoint_bf16": "torch_bf16", "export": "export",
-       "ct2_fp32": "ct2_fp32", "ct2_int8": "ct2_int8"}
-TRANSLATOR_ENGINE = {"checkpoint": None, "checkpoint_bf16": None, "export": "torch", "ct2_fp32": "ctranslate2",
-                     "ct2_int8": "ctranslate2_int8"}
+KEY = {
+    "checkpoint": "torch",
+    "checkpoint_bf16": "torch_bf16",
+    "export": "export",
+    "ct2_fp32": "ct2_fp32",
+    "ct2_int8": "ct2_int8",
+}
+TRANSLATOR_ENGINE = {
+    "checkpoint": None,
+    "checkpoint_bf16": None,
+    "export": "torch",
+    "ct2_fp32": "ctranslate2",
+    "ct2_int8": "ctranslate2_int8",
+}
 QUANTIZATION = {"ctranslate2": "float32", "ctranslate2_int8": "int8"}
 # The trained model's net (conf/model/transformer.yaml), for --random-weights.
-NET = {"_target_": "attnlab.models.transformer.Transformer", "d_model": 256, "num_heads": 4,
-       "num_layers": 2, "ffn_hidden": 512, "dropout": 0.1, "tie_embeddings": True}
+NET = {
+    "_target_": "attnlab.models.transformer.Transformer",
+    "d_model": 256,
+    "num_heads": 4,
+    "num_layers": 2,
+    "ffn_hidden": 512,
+    "dropout": 0.1,
+    "tie_embeddings": True,
+}
 TOKENS_COUNTED = "generated sentencepiece pieces per sentence, </s> and anything after it not counted"
-RANDOM_NOTE = ("random weights: every sentence decodes to its length cap (no </s>), so these "
-               "timings are a worst case and BLEU is meaningless; the random model mostly repeats "
-               "<bos>, which is stripped, so tokens/s is about 0: cap tokens/s counts the steps")
+RANDOM_NOTE = (
+    "random weights: every sentence decodes to its length cap (no </s>), so these "
+    "timings are a worst case and BLEU is meaningless; the random model mostly repeats "
+    "<bos>, which is stripped, so tokens/s is about 0: cap tokens/s counts the steps"
+)
 
 
 # --- inputs and machine facts (parent: no torch here) ---------------------------------------
+
 
 def decoding_defaults() -> tuple[int, float]:
     """beam_size and alpha of conf/model/transformer.yaml's ``decoding`` (5 and 1.0 if unreadable)."""
@@ -141,8 +163,10 @@ def raw_multi30k(raw: Path) -> Path:
     for c in candidates:
         if (c / "test_2016_flickr.en.gz").is_file():
             return c
-    raise SystemExit(f"no Multi30k corpus in {', '.join(map(str, candidates))}: run "
-                     "`dvc repro download` or set ATTNLAB_DATA_MIRROR")
+    raise SystemExit(
+        f"no Multi30k corpus in {', '.join(map(str, candidates))}: run "
+        "`dvc repro download` or set ATTNLAB_DATA_MIRROR"
+    )
 
 
 def load_test(tokenized: Path, raw: Path, n: int | None) -> tuple[list[str], list[str], str]:
@@ -169,18 +193,26 @@ def cpu_facts() -> dict:
     from attnlab.config import BF16_CPU_FLAGS, cpu_flags, has_bf16_units
 
     model = None
-    try:
-        model = next((line.partition(":")[2].strip() for line in
-                      Path("/proc/cpuinfo").read_text().splitlines() if line.startswith("model name")), None)
-    except OSError:
-        pass
+    with contextlib.suppress(OSError):
+        model = next(
+            (
+                line.partition(":")[2].strip()
+                for line in Path("/proc/cpuinfo").read_text().splitlines()
+                if line.startswith("model name")
+            ),
+            None,
+        )
     flags = cpu_flags()
-    return {"cpu_model": model, "cpus": os.cpu_count(), **{f: f in flags for f in BF16_CPU_FLAGS},
-            "bf16_units": has_bf16_units("cpu")}
+    return {
+        "cpu_model": model,
+        "cpus": os.cpu_count(),
+        **{f: f in flags for f in BF16_CPU_FLAGS},
+        "bf16_units": has_bf16_units("cpu"),
+    }
 
 
 def cap_tokens(spm: Path, sentences: list[str]) -> int:
-    """Sum over the sentences of their length caps (attnlab.decoding.max_output_len: min(⌊1.5 ·
+    """Sum over the sentences of their length caps (attnlab.inference.decoding.max_output_len: min(⌊1.5 ·
     source tokens with </s> + 10⌋, 256)): the steps of a pass in which no sentence ends early."""
     from attnlab.data.tokenizer import load_sentencepiece  # sentencepiece only, no torch
 
@@ -202,12 +234,12 @@ def rss_mb() -> float:
 
 # --- model preparation (in a child process: it imports torch) -------------------------------
 
+
 def _decoding_config(beam_size: int, alpha: float) -> dict:
     return {"model": "transformer", "decoding": {"beam_size": beam_size, "alpha": alpha}}
 
 
-def prepare_random(tmp: str, spm_path: str | None, raw: str, seed: int, beam_size: int,
-                   alpha: float) -> dict:
+def prepare_random(tmp: str, spm_path: str | None, raw: str, seed: int, beam_size: int, alpha: float) -> dict:
     """A seeded random Transformer as a load_net checkpoint and an export folder in ``tmp``."""
     import warnings
 
@@ -229,14 +261,29 @@ def prepare_random(tmp: str, spm_path: str | None, raw: str, seed: int, beam_siz
     torch.manual_seed(seed)
     net = build_net(NET, vocab_size=vocab, pad_id=0).eval()
     ckpt = tmp_dir / "random.ckpt"  # what attnlab.checkpoint.load_net reads (train.py's layout)
-    torch.save({"hyper_parameters": {"net": dict(NET), "vocab_size": vocab},
-                "state_dict": {f"net.{k}": v for k, v in net.state_dict().items()}}, ckpt)
+    torch.save(
+        {
+            "hyper_parameters": {"net": dict(NET), "vocab_size": vocab},
+            "state_dict": {f"net.{k}": v for k, v in net.state_dict().items()},
+        },
+        ckpt,
+    )
     with warnings.catch_warnings():  # the tracer's notes on the attention weights it keeps
         warnings.simplefilter("ignore")
-        export_translation(net, Path(spm_path), tmp_dir / "export", _decoding_config(beam_size, alpha),
-                           ctranslate2=["float32", "int8"])
-    return {"checkpoint": str(ckpt), "export": str(tmp_dir / "export"), "spm": spm_path,
-            "vocab": vocab, "note": note}
+        export_translation(
+            net,
+            Path(spm_path),
+            tmp_dir / "export",
+            _decoding_config(beam_size, alpha),
+            ctranslate2=["float32", "int8"],
+        )
+    return {
+        "checkpoint": str(ckpt),
+        "export": str(tmp_dir / "export"),
+        "spm": spm_path,
+        "vocab": vocab,
+        "note": note,
+    }
 
 
 def reexport(checkpoint: str, spm_path: str, out_dir: str, beam_size: int, alpha: float) -> str:
@@ -249,8 +296,13 @@ def reexport(checkpoint: str, spm_path: str, out_dir: str, beam_size: int, alpha
     net = load_net(Path(checkpoint), expected_kind="transformer")
     with warnings.catch_warnings():  # the tracer's notes on the attention weights it keeps
         warnings.simplefilter("ignore")
-        export_translation(net, Path(spm_path), Path(out_dir), _decoding_config(beam_size, alpha),
-                           ctranslate2=["float32", "int8"])
+        export_translation(
+            net,
+            Path(spm_path),
+            Path(out_dir),
+            _decoding_config(beam_size, alpha),
+            ctranslate2=["float32", "int8"],
+        )
     return out_dir
 
 
@@ -277,6 +329,7 @@ def export_has(export: Path, engines: list[str]) -> bool:
 
 # --- worker: one engine × mode ---------------------------------------------------------------
 
+
 def _load(spec: dict):
     """(decode: sentences → ids per sentence, detokenize: ids → str, info) for the worker's engine."""
     import torch
@@ -286,29 +339,40 @@ def _load(spec: dict):
     if engine in ("checkpoint", "checkpoint_bf16"):
         from attnlab.checkpoint import load_net
         from attnlab.data.tokenizer import load_sentencepiece
-        from attnlab.decoding import translate
+        from attnlab.inference.decoding import translate
 
         net = load_net(Path(spec["checkpoint"]), expected_kind="transformer")
         tokenizer = load_sentencepiece(spec["spm"])
         vocab = net.output.weight.shape[0]
         if tokenizer.get_piece_size() != vocab:
-            raise ValueError(f"{spec['spm']} has {tokenizer.get_piece_size()} pieces but the "
-                             f"checkpoint's vocabulary is {vocab}: pass the model's --spm")
+            raise ValueError(
+                f"{spec['spm']} has {tokenizer.get_piece_size()} pieces but the "
+                f"checkpoint's vocabulary is {vocab}: pass the model's --spm"
+            )
 
         def decode(sentences):
-            return translate(net.init_state, net.step, tokenizer, sentences, batch_size=bs,
-                             beam_size=beam, alpha=alpha, bf16=engine == "checkpoint_bf16")
+            return translate(
+                net.init_state,
+                net.step,
+                tokenizer,
+                sentences,
+                batch_size=bs,
+                beam_size=beam,
+                alpha=alpha,
+                bf16=engine == "checkpoint_bf16",
+            )
+
         return decode, tokenizer.decode, lambda: {}
 
-    from attnlab.export.translator import Translator
+    from attnlab.serving.translator import Translator
 
     name = TRANSLATOR_ENGINE[engine]
-    translator = Translator(Path(spec["export"]), beam_size=beam, alpha=alpha, batch_size=bs,
-                            engine=name)
+    translator = Translator(Path(spec["export"]), beam_size=beam, alpha=alpha, batch_size=bs, engine=name)
 
     def info():  # CTranslate2's compute type, once its model is loaded (first call)
         ct2 = getattr(translator, "_ctranslate2", {}).get(name)
         return {"compute_type": getattr(ct2, "compute_type", None)} if ct2 is not None else {}
+
     return translator._translate, translator.tokenizer.decode, info
 
 
@@ -321,8 +385,7 @@ def worker(conn, spec: dict) -> None:
         t = time.perf_counter()
         decode(spec["sentences"][: spec["warmup"]])
         warmup_s = time.perf_counter() - t
-        conn.send({"ready": True, "load_s": load_s, "warmup_s": warmup_s, "rss_load_mb": rss_mb(),
-                   **info()})
+        conn.send({"ready": True, "load_s": load_s, "warmup_s": warmup_s, "rss_load_mb": rss_mb(), **info()})
     except Exception:  # noqa: BLE001 - reported by the parent, which goes on without this engine
         conn.send({"error": traceback.format_exc()})
         return
@@ -334,16 +397,25 @@ def worker(conn, spec: dict) -> None:
             t = time.perf_counter()
             ids = decode(spec["sentences"])
             seconds = time.perf_counter() - t
-            conn.send({"seconds": seconds, "ids": ids, "hyps": [detok(x) for x in ids],
-                       "rss_mb": rss_mb(), "os_threads": len(os.listdir("/proc/self/task"))
-                       if os.path.isdir("/proc/self/task") else None})
-        except Exception:  # noqa: BLE001
+            conn.send(
+                {
+                    "seconds": seconds,
+                    "ids": ids,
+                    "hyps": [detok(x) for x in ids],
+                    "rss_mb": rss_mb(),
+                    "os_threads": len(os.listdir("/proc/self/task"))
+                    if os.path.isdir("/proc/self/task")
+                    else None,
+                }
+            )
+        except Exception:  # noqa: BLE001 - any failure goes back to the parent as a traceback
             conn.send({"error": traceback.format_exc()})
             break
     conn.close()
 
 
 # --- parent ----------------------------------------------------------------------------------
+
 
 def fmt(values: list[float], digits: int = 1) -> str:
     if not values:
@@ -357,29 +429,54 @@ def fmt(values: list[float], digits: int = 1) -> str:
 def main() -> None:
     beam_default, alpha_default = decoding_defaults()
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--sentences", type=int, default=None,
-                   help="decode the first N test sentences (default: all 1,000)")
+    p.add_argument(
+        "--sentences", type=int, default=None, help="decode the first N test sentences (default: all 1,000)"
+    )
     p.add_argument("--runs", type=int, default=5, help="timed passes over the sentences per engine × mode")
-    p.add_argument("--threads", type=int, default=os.cpu_count() or 1,
-                   help="torch.set_num_threads and OMP_NUM_THREADS (CTranslate2) of every worker")
+    p.add_argument(
+        "--threads",
+        type=int,
+        default=os.cpu_count() or 1,
+        help="torch.set_num_threads and OMP_NUM_THREADS (CTranslate2) of every worker",
+    )
     p.add_argument("--batch-size", type=int, default=128, help="sentences decoded together")
-    p.add_argument("--beam-size", type=int, default=beam_default,
-                   help="beam of the beam mode (default: conf/model/transformer.yaml)")
-    p.add_argument("--alpha", type=float, default=alpha_default,
-                   help="length penalty of the beam mode (default: conf/model/transformer.yaml)")
+    p.add_argument(
+        "--beam-size",
+        type=int,
+        default=beam_default,
+        help="beam of the beam mode (default: conf/model/transformer.yaml)",
+    )
+    p.add_argument(
+        "--alpha",
+        type=float,
+        default=alpha_default,
+        help="length penalty of the beam mode (default: conf/model/transformer.yaml)",
+    )
     p.add_argument("--warmup", type=int, default=8, help="sentences of the untimed warm-up call")
-    p.add_argument("--engines", default=None,
-                   help=f"comma list of {', '.join(ENGINES)} (default: all; checkpoint_bf16 only "
-                        "where the CPU has bf16 units)")
+    p.add_argument(
+        "--engines",
+        default=None,
+        help=f"comma list of {', '.join(ENGINES)} (default: all; checkpoint_bf16 only "
+        "where the CPU has bf16 units)",
+    )
     p.add_argument("--modes", default="greedy,beam", help="comma list of greedy, beam")
     p.add_argument("--checkpoint", default=str(ROOT / "checkpoints" / "transformer" / "best.ckpt"))
     p.add_argument("--export", default=str(ROOT / "models" / "transformer"))
-    p.add_argument("--tokenized", default=str(ROOT / "data" / "tokenized" / "multi30k-en-fr"),
-                   help="the tokenize stage's folder: test.{src,tgt}.txt and spm.model")
-    p.add_argument("--raw", default=str(ROOT / "data" / "raw"),
-                   help="raw corpora (multi30k/*.gz), when the tokenized folder is missing")
-    p.add_argument("--random-weights", action="store_true",
-                   help="a seeded random same-shape Transformer instead of the trained one")
+    p.add_argument(
+        "--tokenized",
+        default=str(ROOT / "data" / "tokenized" / "multi30k-en-fr"),
+        help="the tokenize stage's folder: test.{src,tgt}.txt and spm.model",
+    )
+    p.add_argument(
+        "--raw",
+        default=str(ROOT / "data" / "raw"),
+        help="raw corpora (multi30k/*.gz), when the tokenized folder is missing",
+    )
+    p.add_argument(
+        "--random-weights",
+        action="store_true",
+        help="a seeded random same-shape Transformer instead of the trained one",
+    )
     p.add_argument("--seed", type=int, default=0)
     a = p.parse_args()
     default = [e for e in ENGINES if e != "checkpoint_bf16" or cpu_facts()["bf16_units"]]
@@ -413,8 +510,15 @@ def main() -> None:
         with ProcessPoolExecutor(1, mp_context=ctx) as pool:  # torch stays out of this process
             if random_weights:
                 print("building and exporting a random-weights Transformer ...", flush=True)
-                made = pool.submit(prepare_random, tmp, str(spm) if spm.is_file() else None, a.raw,
-                                   a.seed, a.beam_size, a.alpha).result()
+                made = pool.submit(
+                    prepare_random,
+                    tmp,
+                    str(spm) if spm.is_file() else None,
+                    a.raw,
+                    a.seed,
+                    a.beam_size,
+                    a.alpha,
+                ).result()
                 checkpoint, export, spm = Path(made["checkpoint"]), Path(made["export"]), Path(made["spm"])
                 notes += [n for n in (made["note"], RANDOM_NOTE) if n]
             else:
@@ -423,32 +527,51 @@ def main() -> None:
                 if not spm.is_file() and (export / "spm.model").is_file():
                     spm = export / "spm.model"
                 if not export_has(export, engines):
-                    why = "not found" if not (export / "config.json").exists() else \
-                        "lacks a requested engine (CTranslate2 models)"
+                    why = (
+                        "not found"
+                        if not (export / "config.json").exists()
+                        else "lacks a requested engine (CTranslate2 models)"
+                    )
                     print(f"{export} {why}: exporting {checkpoint} to a temporary folder ...", flush=True)
-                    export = Path(pool.submit(reexport, str(snapshot), str(spm), str(Path(tmp) / "export"),
-                                              a.beam_size, a.alpha).result())
-                    notes.append(f"the export engines use {checkpoint} exported to a temporary "
-                                 f"folder, because {a.export} {why}")
+                    export = Path(
+                        pool.submit(
+                            reexport, str(snapshot), str(spm), str(Path(tmp) / "export"), a.beam_size, a.alpha
+                        ).result()
+                    )
+                    notes.append(
+                        f"the export engines use {checkpoint} exported to a temporary "
+                        f"folder, because {a.export} {why}"
+                    )
                 checkpoint = snapshot
         prep_s = time.perf_counter() - t
         caps = cap_tokens(spm, sources)
         parent_rss = rss_mb()
         busy = load_start[0] + a.threads - (os.cpu_count() or 1)
         if busy > 0.5:
-            notes.append(f"the CPUs were busy (load average {load_start[0]:.1f} on {os.cpu_count()} CPUs, "
-                         f"threads per engine: {a.threads}): OpenMP threads that spin-wait (torch's and "
-                         "CTranslate2's default) slow down badly on busy cores (on a 2-core machine "
-                         "at load 4-5 torch with 2 threads decoded 20× slower than with 1); rerun on "
-                         "an idle machine, or with --threads 1, or with OMP_WAIT_POLICY=PASSIVE set")
+            notes.append(
+                f"the CPUs were busy (load average {load_start[0]:.1f} on {os.cpu_count()} CPUs, "
+                f"threads per engine: {a.threads}): OpenMP threads that spin-wait (torch's and "
+                "CTranslate2's default) slow down badly on busy cores (on a 2-core machine "
+                "at load 4-5 torch with 2 threads decoded 20× slower than with 1); rerun on "
+                "an idle machine, or with --threads 1, or with OMP_WAIT_POLICY=PASSIVE set"
+            )
 
         order = [(e, m) for m in modes for e in engines]
         errors: dict[str, str] = {}
         for e, m in order:  # one at a time, so that loading and warm-up do not compete
             beam, alpha = mode_k[m]
-            spec = {"engine": e, "beam_size": beam, "alpha": alpha, "batch_size": a.batch_size,
-                    "threads": a.threads, "warmup": a.warmup, "sentences": sources,
-                    "checkpoint": str(checkpoint), "export": str(export), "spm": str(spm)}
+            spec = {
+                "engine": e,
+                "beam_size": beam,
+                "alpha": alpha,
+                "batch_size": a.batch_size,
+                "threads": a.threads,
+                "warmup": a.warmup,
+                "sentences": sources,
+                "checkpoint": str(checkpoint),
+                "export": str(export),
+                "spm": str(spm),
+            }
             here, there = ctx.Pipe()
             proc = ctx.Process(target=worker, args=(there, spec), daemon=True)
             proc.start()
@@ -465,13 +588,16 @@ def main() -> None:
                 proc.join()
                 continue
             workers[(e, m)] = (proc, here, ready, [])
-            print(f"{e} {mode_name[m]}: loaded in {ready['load_s']:.1f} s, warm-up "
-                  f"{ready['warmup_s']:.1f} s" + (f", compute type {ready['compute_type']}"
-                                                 if ready.get("compute_type") else ""), flush=True)
+            print(
+                f"{e} {mode_name[m]}: loaded in {ready['load_s']:.1f} s, warm-up "
+                f"{ready['warmup_s']:.1f} s"
+                + (f", compute type {ready['compute_type']}" if ready.get("compute_type") else ""),
+                flush=True,
+            )
 
         live = [k for k in order if k in workers]
         for r in range(a.runs):
-            rotated = live[r % len(live):] + live[: r % len(live)] if live else []
+            rotated = live[r % len(live) :] + live[: r % len(live)] if live else []
             for key in rotated:
                 proc, conn, _, results = workers[key]
                 conn.send("run")
@@ -486,16 +612,22 @@ def main() -> None:
                     live = [k for k in live if k != key]
                     continue
                 results.append(res)
-                print(f"run {r + 1}/{a.runs}: {key[0]:>10} {mode_name[key[1]]:<7} "
-                      f"{len(sources) / res['seconds']:8.2f} sentences/s ({res['seconds']:.2f} s)", flush=True)
+                print(
+                    f"run {r + 1}/{a.runs}: {key[0]:>10} {mode_name[key[1]]:<7} "
+                    f"{len(sources) / res['seconds']:8.2f} sentences/s ({res['seconds']:.2f} s)",
+                    flush=True,
+                )
                 time.sleep(0.05)  # let the last engine's OpenMP threads stop spinning
 
         import sacrebleu
 
         result: dict = {}
         rows = []
-        reference_ids = {m: workers[("checkpoint", m)][3][0]["ids"] for m in modes
-                         if ("checkpoint", m) in workers and workers[("checkpoint", m)][3]}
+        reference_ids = {
+            m: workers[("checkpoint", m)][3][0]["ids"]
+            for m in modes
+            if ("checkpoint", m) in workers and workers[("checkpoint", m)][3]
+        }
         for e, m in order:
             name = f"{KEY[e]}_{mode_name[m]}"
             runs = workers[(e, m)][3] if (e, m) in workers else []
@@ -514,26 +646,49 @@ def main() -> None:
                 same = sum(x == y for x, y in zip(runs[0]["ids"], reference_ids[m])) / max(len(sources), 1)
             stable = all(x["ids"] == runs[0]["ids"] for x in runs)
             peak = max(x["rss_mb"] for x in runs)
-            result.update({name: statistics.median(sps), f"{name}_min": min(sps), f"{name}_max": max(sps),
-                           f"tokens_per_s_{name}": statistics.median(tps),
-                           f"tokens_per_s_{name}_min": min(tps), f"tokens_per_s_{name}_max": max(tps),
-                           f"seconds_{name}": statistics.median(secs), f"tokens_{name}": tokens[0],
-                           **({f"cap_tokens_per_s_{name}": caps / statistics.median(secs)}
-                              if random_weights else {}),
-                           f"bleu_{name}": statistics.median(bleus), f"rss_mb_{name}": peak,
-                           f"rss_load_mb_{name}": ready["rss_load_mb"],
-                           f"same_as_torch_{name}": same, f"os_threads_{name}": runs[-1]["os_threads"]})
+            result.update(
+                {
+                    name: statistics.median(sps),
+                    f"{name}_min": min(sps),
+                    f"{name}_max": max(sps),
+                    f"tokens_per_s_{name}": statistics.median(tps),
+                    f"tokens_per_s_{name}_min": min(tps),
+                    f"tokens_per_s_{name}_max": max(tps),
+                    f"seconds_{name}": statistics.median(secs),
+                    f"tokens_{name}": tokens[0],
+                    **(
+                        {f"cap_tokens_per_s_{name}": caps / statistics.median(secs)} if random_weights else {}
+                    ),
+                    f"bleu_{name}": statistics.median(bleus),
+                    f"rss_mb_{name}": peak,
+                    f"rss_load_mb_{name}": ready["rss_load_mb"],
+                    f"same_as_torch_{name}": same,
+                    f"os_threads_{name}": runs[-1]["os_threads"],
+                }
+            )
             if not stable:
                 notes.append(f"{name}: the output ids differ between runs")
             if ready.get("compute_type"):
                 result[f"compute_type_{name}"] = ready["compute_type"]
-            rows.append((e, mode_name[m], fmt(sps), fmt(tps, 0),
-                         *([fmt([caps / x for x in secs], 0)] if random_weights else []), fmt(secs, 2), fmt(bleus, 2),
-                         "—" if same is None else f"{same:.3f}", f"{peak:.0f}",
-                         str(runs[-1]["os_threads"]), f"{ready['load_s']:.1f}"))
+            rows.append(
+                (
+                    e,
+                    mode_name[m],
+                    fmt(sps),
+                    fmt(tps, 0),
+                    *([fmt([caps / x for x in secs], 0)] if random_weights else []),
+                    fmt(secs, 2),
+                    fmt(bleus, 2),
+                    "—" if same is None else f"{same:.3f}",
+                    f"{peak:.0f}",
+                    str(runs[-1]["os_threads"]),
+                    f"{ready['load_s']:.1f}",
+                )
+            )
 
         def ratio(x, y):
             return result[x] / result[y] if result.get(x) and result.get(y) else None
+
         for m in modes:
             mn = mode_name[m]
             for q in ("fp32", "int8"):
@@ -542,17 +697,30 @@ def main() -> None:
             result[f"{mn}_ct2_int8_vs_fp32"] = ratio(f"ct2_int8_{mn}", f"ct2_fp32_{mn}")
             result[f"{mn}_bf16_vs_torch"] = ratio(f"torch_bf16_{mn}", f"torch_{mn}")
 
-        header = ("engine", "mode", "sentences/s", "tokens/s", *(["cap tokens/s"] if random_weights else []),
-                  "seconds", "BLEU", "same", "peak RSS MiB", "os_threads", "load s")
+        header = (
+            "engine",
+            "mode",
+            "sentences/s",
+            "tokens/s",
+            *(["cap tokens/s"] if random_weights else []),
+            "seconds",
+            "BLEU",
+            "same",
+            "peak RSS MiB",
+            "os_threads",
+            "load s",
+        )
         widths = [max(len(h), *(len(r[i]) for r in rows)) for i, h in enumerate(header)]
         print()
         print("  ".join(h.ljust(w) if i < 2 else h.rjust(w) for i, (h, w) in enumerate(zip(header, widths))))
         for r in rows:
             print("  ".join(c.ljust(w) if i < 2 else c.rjust(w) for i, (c, w) in enumerate(zip(r, widths))))
-        print(f"median (min–max) over {a.runs} run(s) of {len(sources)} sentences; tokens: "
-              f"{TOKENS_COUNTED}; seconds: one pass, text in → ids out (detokenization not timed); "
-              "same: fraction of sentences with the checkpoint's ids; peak RSS: the worker process, "
-              "over loading, warm-up and all runs")
+        print(
+            f"median (min–max) over {a.runs} run(s) of {len(sources)} sentences; tokens: "
+            f"{TOKENS_COUNTED}; seconds: one pass, text in → ids out (detokenization not timed); "
+            "same: fraction of sentences with the checkpoint's ids; peak RSS: the worker process, "
+            "over loading, warm-up and all runs"
+        )
         for m in modes:
             mn = mode_name[m]
             if result.get(f"{mn}_vs_ct2_fp32") is not None:
@@ -563,25 +731,39 @@ def main() -> None:
             print(f"error: {name}: {err}")
 
         result.update(
-            **cpu_facts(), torch=version("torch"), ctranslate2=version("ctranslate2"),
-            sacrebleu=version("sacrebleu"), threads=a.threads,
+            **cpu_facts(),
+            torch=version("torch"),
+            ctranslate2=version("ctranslate2"),
+            sacrebleu=version("sacrebleu"),
+            threads=a.threads,
             ct2_threads=f"intra_threads 0 (Translator's), OMP_NUM_THREADS={a.threads}",
-            omp_wait_policy=os.environ.get("OMP_WAIT_POLICY"), sentences=len(sources),
-            cap_tokens=caps, runs=a.runs, batch_size=a.batch_size, beam_size=a.beam_size,
-            alpha=a.alpha, warmup_sentences=a.warmup, random_weights=random_weights,
-            bleu_meaningful=not random_weights, tokens_counted=TOKENS_COUNTED,
-            test_set="multi30k test_2016_flickr en-fr", data=where,
+            omp_wait_policy=os.environ.get("OMP_WAIT_POLICY"),
+            sentences=len(sources),
+            cap_tokens=caps,
+            runs=a.runs,
+            batch_size=a.batch_size,
+            beam_size=a.beam_size,
+            alpha=a.alpha,
+            warmup_sentences=a.warmup,
+            random_weights=random_weights,
+            bleu_meaningful=not random_weights,
+            tokens_counted=TOKENS_COUNTED,
+            test_set="multi30k test_2016_flickr en-fr",
+            data=where,
             checkpoint=a.checkpoint if not random_weights else None,
             export=str(export) if not str(export).startswith(tmp) else f"temporary ({a.export} not used)",
-            prepare_s=prep_s, parent_rss_mb=parent_rss, load_avg_start=load_start[0],
-            load_avg_end=os.getloadavg()[0], notes=notes, errors=errors)
+            prepare_s=prep_s,
+            parent_rss_mb=parent_rss,
+            load_avg_start=load_start[0],
+            load_avg_end=os.getloadavg()[0],
+            notes=notes,
+            errors=errors,
+        )
         print(json.dumps(result))
     finally:
-        for proc, conn, _, _ in workers.values():
-            try:
+        for _proc, conn, _, _ in workers.values():
+            with contextlib.suppress(OSError, BrokenPipeError):
                 conn.send(None)
-            except (OSError, BrokenPipeError):
-                pass
         for proc, _, _, _ in workers.values():
             proc.join(timeout=10)
             if proc.is_alive():

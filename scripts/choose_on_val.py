@@ -37,6 +37,7 @@ Raises (as SystemExit with the fix): the folder holds no epoch checkpoint, or tw
 ``--last`` is under 1 or over the number of epochs kept; the tokenized folder lacks
 ``spm.model``, ``val.src.txt`` or ``val.tgt.txt``.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -50,8 +51,8 @@ import torch
 from attnlab.checkpoint import load_net
 from attnlab.data.corpora import read_lines
 from attnlab.data.tokenizer import load_sentencepiece
-from attnlab.decoding import translate_text
 from attnlab.files import write_bytes_atomic, write_json_atomic
+from attnlab.inference.decoding import translate_text
 from attnlab.lit.averaging import WeightAveraging
 from attnlab.metrics import corpus_scores
 
@@ -64,19 +65,25 @@ def epoch_checkpoints(folder: Path) -> list[tuple[int, Path]]:
         ckpt = torch.load(path, map_location="cpu", weights_only=True, mmap=True)  # reads only "epoch"
         found.setdefault(int(ckpt["epoch"]) + 1, []).append(path)
     if not found:
-        raise SystemExit(f"{folder} holds no *.ckpt; train with the per-epoch ModelCheckpoint of this "
-                         "script's docstring (README 'The full profile')")
+        raise SystemExit(
+            f"{folder} holds no *.ckpt; train with the per-epoch ModelCheckpoint of this "
+            "script's docstring (README 'The full profile')"
+        )
     twice = {epoch: paths for epoch, paths in found.items() if len(paths) > 1}
     if twice:
         epoch, paths = min(twice.items())
-        raise SystemExit(f"{folder} holds {len(paths)} checkpoints of epoch {epoch} "
-                         f"({', '.join(p.name for p in paths)}): more than one run wrote there; give each "
-                         "run a folder of its own (the ModelCheckpoint's dirpath)")
+        raise SystemExit(
+            f"{folder} holds {len(paths)} checkpoints of epoch {epoch} "
+            f"({', '.join(p.name for p in paths)}): more than one run wrote there; give each "
+            "run a folder of its own (the ModelCheckpoint's dirpath)"
+        )
     epochs = sorted(found)
     if epochs != list(range(epochs[0], epochs[-1] + 1)):
         missing = sorted(set(range(epochs[0], epochs[-1] + 1)) - set(epochs))
-        raise SystemExit(f"{folder} lacks the checkpoints of epochs {missing}: the last N epochs would "
-                         "not be consecutive; keep every epoch (every_n_epochs: 1, save_top_k: -1)")
+        raise SystemExit(
+            f"{folder} lacks the checkpoints of epochs {missing}: the last N epochs would "
+            "not be consecutive; keep every epoch (every_n_epochs: 1, save_top_k: -1)"
+        )
     return [(epoch, found[epoch][0]) for epoch in epochs]
 
 
@@ -106,15 +113,25 @@ def load_averaged(ckpt: dict, tmp_dir: Path) -> torch.nn.Module:
 def score_val(net, tokenizer, sources, references, beam_size: int, alpha: float) -> dict:
     """Beam search over the validation sources, detokenized, scored with sacreBLEU (as evaluate)."""
     start = time.perf_counter()
-    hypotheses = translate_text(net.init_state, net.step, tokenizer, sources, batch_size=128,
-                                device="cpu", beam_size=beam_size, alpha=alpha)
+    hypotheses = translate_text(
+        net.init_state,
+        net.step,
+        tokenizer,
+        sources,
+        batch_size=128,
+        device="cpu",
+        beam_size=beam_size,
+        alpha=alpha,
+    )
     return {**corpus_scores(hypotheses, references), "seconds": round(time.perf_counter() - start, 1)}
 
 
 def row_line(row: dict) -> str:
     """One printed line of the table."""
-    return (f"mean of the last {row['last']:>2}  α {row['alpha']:<4}  BLEU {row['bleu']:6.2f}  "
-            f"lc {row['bleu_lc']:6.2f}  chrF {row['chrf']:6.2f}  ({row['seconds']} s)")
+    return (
+        f"mean of the last {row['last']:>2}  α {row['alpha']:<4}  BLEU {row['bleu']:6.2f}  "
+        f"lc {row['bleu_lc']:6.2f}  chrF {row['chrf']:6.2f}  ({row['seconds']} s)"
+    )
 
 
 def best(rows: list[dict], prefer) -> dict:
@@ -132,11 +149,20 @@ def write_checkpoint(ckpt: dict, path: Path) -> None:
 def main(argv: list[str] | None = None) -> dict:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("epochs", type=Path, help="folder of per-epoch checkpoints")
-    parser.add_argument("--tokenized", type=Path, required=True,
-                        help="data/tokenized/<data>-<src>-<tgt> (spm.model, val.src.txt, val.tgt.txt)")
+    parser.add_argument(
+        "--tokenized",
+        type=Path,
+        required=True,
+        help="data/tokenized/<data>-<src>-<tgt> (spm.model, val.src.txt, val.tgt.txt)",
+    )
     parser.add_argument("--last", type=int, nargs="+", default=[1, 3, 5, 8, 10])
-    parser.add_argument("--alpha", type=float, nargs="+", default=[1.0, 0.6, 0.8, 1.2],
-                        help="length penalties; the first is the reference α of step 1")
+    parser.add_argument(
+        "--alpha",
+        type=float,
+        nargs="+",
+        default=[1.0, 0.6, 0.8, 1.2],
+        help="length penalties; the first is the reference α of step 1",
+    )
     parser.add_argument("--beam-size", type=int, default=5)
     parser.add_argument("--out", type=Path, help="write the results as JSON here")
     parser.add_argument("--write", type=Path, help="save the chosen average as a checkpoint here")
@@ -144,19 +170,26 @@ def main(argv: list[str] | None = None) -> dict:
 
     missing = [f for f in ("spm.model", "val.src.txt", "val.tgt.txt") if not (args.tokenized / f).is_file()]
     if missing:
-        raise SystemExit(f"{args.tokenized} lacks {', '.join(missing)}; run the tokenize stage "
-                         "(`dvc repro tokenize` or `python src/tokenize_data.py`) for this direction")
+        raise SystemExit(
+            f"{args.tokenized} lacks {', '.join(missing)}; run the tokenize stage "
+            "(`dvc repro tokenize` or `python src/tokenize_data.py`) for this direction"
+        )
     checkpoints = epoch_checkpoints(args.epochs)
     for n in args.last:
         if not 1 <= n <= len(checkpoints):
-            raise SystemExit(f"--last {n}: {args.epochs} keeps {len(checkpoints)} epochs; give N from 1 "
-                             f"to {len(checkpoints)}")
+            raise SystemExit(
+                f"--last {n}: {args.epochs} keeps {len(checkpoints)} epochs; give N from 1 "
+                f"to {len(checkpoints)}"
+            )
     tokenizer = load_sentencepiece(args.tokenized / "spm.model")
     sources = read_lines(args.tokenized / "val.src.txt")
     references = read_lines(args.tokenized / "val.tgt.txt")
     ref_alpha = args.alpha[0]
-    print(f"{len(checkpoints)} epochs kept ({checkpoints[0][0]}–{checkpoints[-1][0]}); validation: "
-          f"{len(sources)} sentences, beam {args.beam_size}", flush=True)
+    print(
+        f"{len(checkpoints)} epochs kept ({checkpoints[0][0]}–{checkpoints[-1][0]}); validation: "
+        f"{len(sources)} sentences, beam {args.beam_size}",
+        flush=True,
+    )
 
     with tempfile.TemporaryDirectory() as tmp:
         averages, kept = [], {}  # kept: N → (averaged checkpoint, its net), for step 2 and --write
@@ -164,8 +197,12 @@ def main(argv: list[str] | None = None) -> dict:
             ckpt = average_last(checkpoints, n)
             net = load_averaged(ckpt, Path(tmp))
             kept[n] = ckpt, net
-            row = {"last": n, "epochs": [e for e, _ in checkpoints[-n:]], "alpha": ref_alpha,
-                   **score_val(net, tokenizer, sources, references, args.beam_size, ref_alpha)}
+            row = {
+                "last": n,
+                "epochs": [e for e, _ in checkpoints[-n:]],
+                "alpha": ref_alpha,
+                **score_val(net, tokenizer, sources, references, args.beam_size, ref_alpha),
+            }
             averages.append(row)
             print(row_line(row), flush=True)
         chosen_n = best(averages, lambda row: -row["last"])["last"]
@@ -173,22 +210,34 @@ def main(argv: list[str] | None = None) -> dict:
         kept.clear()  # the other averages' weights are no longer needed
         alphas = [next(row for row in averages if row["last"] == chosen_n)]
         for alpha in args.alpha[1:]:
-            row = {"last": chosen_n, "alpha": alpha,
-                   **score_val(net, tokenizer, sources, references, args.beam_size, alpha)}
+            row = {
+                "last": chosen_n,
+                "alpha": alpha,
+                **score_val(net, tokenizer, sources, references, args.beam_size, alpha),
+            }
             alphas.append(row)
             print(row_line(row), flush=True)
     chosen = best(alphas, lambda row: row["alpha"] == ref_alpha)
-    result = {"epochs_kept": [e for e, _ in checkpoints], "beam_size": args.beam_size,
-              "val_sentences": len(sources), "averaging": averages, "length_penalty": alphas,
-              "chosen": {"last": chosen_n, "alpha": chosen["alpha"], "bleu": chosen["bleu"]}}
-    print(f"chosen on validation: mean of the last {chosen_n} epochs, α {chosen['alpha']} "
-          f"(BLEU {chosen['bleu']:.2f})")
+    result = {
+        "epochs_kept": [e for e, _ in checkpoints],
+        "beam_size": args.beam_size,
+        "val_sentences": len(sources),
+        "averaging": averages,
+        "length_penalty": alphas,
+        "chosen": {"last": chosen_n, "alpha": chosen["alpha"], "bleu": chosen["bleu"]},
+    }
+    print(
+        f"chosen on validation: mean of the last {chosen_n} epochs, α {chosen['alpha']} "
+        f"(BLEU {chosen['bleu']:.2f})"
+    )
     if args.out:
         write_json_atomic(args.out, result)
     if args.write:
         write_checkpoint(chosen_ckpt, args.write)
-        print(f"wrote {args.write} (checkpoint.average_last={chosen_n}; decode with "
-              f"model.decoding.alpha={chosen['alpha']})")
+        print(
+            f"wrote {args.write} (checkpoint.average_last={chosen_n}; decode with "
+            f"model.decoding.alpha={chosen['alpha']})"
+        )
     return result
 
 

@@ -20,6 +20,7 @@ source token, so it is a lower bound). On a CPU without bf16 units the bf16 matm
 far below what the mixed-precision step reaches (much of it runs in fp32), so MFU there is
 not meaningful. The last line is JSON.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -50,7 +51,7 @@ def matmul_rate(device: str, dtype, n: int, reps: int = 20) -> float:
         a @ b
     if device == "cuda":
         torch.cuda.synchronize()
-    return 2 * n ** 3 * reps / (time.perf_counter() - t0)
+    return 2 * n**3 * reps / (time.perf_counter() - t0)
 
 
 def main(argv=None) -> dict:
@@ -58,10 +59,15 @@ def main(argv=None) -> dict:
     parser.add_argument("--steps", type=int, default=1500, help="training steps (default 1500)")
     parser.add_argument("--accelerator", default="gpu", help="Lightning accelerator: gpu, auto, cpu")
     parser.add_argument("--precision", default="bf16-mixed", help="Lightning precision")
-    parser.add_argument("--project", type=Path, default=ROOT,
-                        help="the attnlab project (its src/, conf/ and data/)")
-    parser.add_argument("--root", type=Path, default=None,
-                        help="scratch root for checkpoints, runs and MLflow (default: a temporary folder)")
+    parser.add_argument(
+        "--project", type=Path, default=ROOT, help="the attnlab project (its src/, conf/ and data/)"
+    )
+    parser.add_argument(
+        "--root",
+        type=Path,
+        default=None,
+        help="scratch root for checkpoints, runs and MLflow (default: a temporary folder)",
+    )
     parser.add_argument("overrides", nargs="*", help="more Hydra overrides for src/train.py")
     args = parser.parse_args(argv)
     project = args.project.resolve()
@@ -73,12 +79,21 @@ def main(argv=None) -> dict:
     if not (root / "data").exists():
         (root / "data").symlink_to(project / "data")
     device = "cuda" if args.accelerator in ("gpu", "cuda") else "cpu"
-    cmd = [sys.executable, str(project / "src" / "train.py"), "model=transformer", "+experiment=full",
-           f"device={'gpu' if device == 'cuda' else args.accelerator}",
-           f"trainer.precision={args.precision}", f"trainer.max_steps={args.steps}",
-           "trainer.max_epochs=-1", "++trainer.check_val_every_n_epoch=null",
-           f"trainer.val_check_interval={args.steps}", f"paths.root={root}",
-           "heatmaps.epoch_kinds=[]", *args.overrides]
+    cmd = [
+        sys.executable,
+        str(project / "src" / "train.py"),
+        "model=transformer",
+        "+experiment=full",
+        f"device={'gpu' if device == 'cuda' else args.accelerator}",
+        f"trainer.precision={args.precision}",
+        f"trainer.max_steps={args.steps}",
+        "trainer.max_epochs=-1",
+        "++trainer.check_val_every_n_epoch=null",
+        f"trainer.val_check_interval={args.steps}",
+        f"paths.root={root}",
+        "heatmaps.epoch_kinds=[]",
+        *args.overrides,
+    ]
     print("+", " ".join(cmd), flush=True)
     t0 = time.perf_counter()
     env = {**os.environ, "MLFLOW_TRACKING_URI": f"sqlite:///{root}/mlflow.db"}
@@ -100,15 +115,22 @@ def main(argv=None) -> dict:
     tokens_per_s = float(last["tokens_per_sec"])
     result = {
         "device": torch.cuda.get_device_name() if device == "cuda" else "cpu",
-        "precision": args.precision, "steps": args.steps, "wall_s": round(wall, 1),
-        "parameters": params, "target_tokens_per_s": round(tokens_per_s, 1),
+        "precision": args.precision,
+        "steps": args.steps,
+        "wall_s": round(wall, 1),
+        "parameters": params,
+        "target_tokens_per_s": round(tokens_per_s, 1),
         "matmul_tflops": round(rate / 1e12, 3),
         "mfu": round(6 * params * tokens_per_s / rate, 4),
-        "val_bleu": round(float(last["val_bleu"]), 2), "val_chrf": round(float(last["val_chrf"]), 2),
-        "root": str(root)}
-    print(f"{result['device']}, {args.precision}, {args.steps} steps in {wall:.0f} s: "
-          f"{tokens_per_s:,.0f} target tokens/s, MFU {result['mfu']:.1%} of a measured "
-          f"{result['matmul_tflops']} TFLOP/s matmul, val_bleu {result['val_bleu']}")
+        "val_bleu": round(float(last["val_bleu"]), 2),
+        "val_chrf": round(float(last["val_chrf"]), 2),
+        "root": str(root),
+    }
+    print(
+        f"{result['device']}, {args.precision}, {args.steps} steps in {wall:.0f} s: "
+        f"{tokens_per_s:,.0f} target tokens/s, MFU {result['mfu']:.1%} of a measured "
+        f"{result['matmul_tflops']} TFLOP/s matmul, val_bleu {result['val_bleu']}"
+    )
     print(json.dumps(result))
     return result
 

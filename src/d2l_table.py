@@ -10,6 +10,7 @@ one line per sentence in the book's format, with D2L's sentence BLEU (k=2):
     go . => ['va', '!'], bleu,1.000
 Writes d2l/metrics/d2l_<model>.json and logs the table to the model's MLflow run.
 """
+
 from pathlib import Path
 
 import hydra
@@ -18,10 +19,10 @@ from omegaconf import DictConfig
 
 from attnlab.checkpoint import load_net
 from attnlab.data.tokenizer import EOS_ID, load_tokenizer
-from attnlab.decoding import greedy_decode
 from attnlab.files import write_json_atomic
+from attnlab.inference.decoding import greedy_decode
 from attnlab.metrics import d2l_bleu
-from attnlab.tracking import log_to_run, prepare_store, read_run_record
+from attnlab.tracking.store import log_to_run, prepare_store, read_run_record
 
 # The book's examples and references (D2L 10.7.6, 11.4.4, 11.7.6).
 ENGLISH = ["go .", "i lost .", "he's calm .", "i'm home ."]
@@ -36,16 +37,24 @@ def d2l_table(net, tokenizer) -> list[dict]:
     for en, fr, out in zip(ENGLISH, FRENCH, ys.tolist()):
         out = out[: out.index(EOS_ID)] if EOS_ID in out else out  # D2L keeps all tokens before <eos>
         tokens = [tokenizer.id_to_piece(i) for i in out]
-        rows.append({"source": en, "translation": tokens, "reference": fr,
-                     "bleu": d2l_bleu(" ".join(tokens), fr, k=2)})
+        rows.append(
+            {
+                "source": en,
+                "translation": tokens,
+                "reference": fr,
+                "bleu": d2l_bleu(" ".join(tokens), fr, k=2),
+            }
+        )
     return rows
 
 
 @hydra.main(version_base="1.3", config_path="../conf", config_name="config")
 def main(cfg: DictConfig) -> None:
     if cfg.data.name != "fra_eng_d2l":
-        raise SystemExit(f"D2L's table needs data=fra_eng_d2l (got data={cfg.data.name}); "
-                         "add data=fra_eng_d2l to the command")
+        raise SystemExit(
+            f"D2L's table needs data=fra_eng_d2l (got data={cfg.data.name}); "
+            "add data=fra_eng_d2l to the command"
+        )
     name = cfg.model.name
     record = read_run_record(Path(cfg.paths.runs) / f"{name}.json", name)
     prepare_store(record["tracking_uri"], cfg.mlflow.artifact_location)
@@ -56,11 +65,15 @@ def main(cfg: DictConfig) -> None:
     print("\n".join(lines))
     perfect = sum(r["bleu"] == 1.0 for r in rows)
     print(f"{name}: BLEU 1.000 on {perfect} of {len(rows)} sentences")
-    out = write_json_atomic(Path(cfg.paths.metrics) / f"d2l_{name}.json",
-                            {"rows": rows, "num_perfect": perfect})
-    log_to_run(record["run_id"], record["tracking_uri"],
-               {f"d2l_bleu_{i}": r["bleu"] for i, r in enumerate(rows)} | {"d2l_num_perfect": perfect},
-               [(out, "evaluation")])
+    out = write_json_atomic(
+        Path(cfg.paths.metrics) / f"d2l_{name}.json", {"rows": rows, "num_perfect": perfect}
+    )
+    log_to_run(
+        record["run_id"],
+        record["tracking_uri"],
+        {f"d2l_bleu_{i}": r["bleu"] for i, r in enumerate(rows)} | {"d2l_num_perfect": perfect},
+        [(out, "evaluation")],
+    )
     print(f"→ {out}")
 
 

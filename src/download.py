@@ -1,8 +1,9 @@
 """DVC stage `download`: every raw corpus file, checksum-verified, into data/raw/.
 
-    python src/download.py                         # canonical URLs
-    ATTNLAB_DATA_MIRROR=../shared/data python src/download.py   # offline mirror
+python src/download.py                         # canonical URLs
+ATTNLAB_DATA_MIRROR=../shared/data python src/download.py   # offline mirror
 """
+
 from pathlib import Path
 
 import hydra

@@ -1,8 +1,8 @@
 """DVC stage `evaluate@<model>`: score the best checkpoint on the test splits.
 
 What is measured is the model's task's (conf/model/<model>.yaml `task.evaluate`, in
-attnlab.evaluation). Seq2seq models: beam search (model.decoding: beam_size, alpha) over the test split on the
-device that `device` names (conf/device/*.yaml, one process), detokenized, scored with
+attnlab.inference.evaluation). Seq2seq models: beam search (model.decoding: beam_size, alpha) over the
+test split on the device that `device` names (conf/device/*.yaml, one process), detokenized, scored with
 sacreBLEU (corpus BLEU cased 13a, lowercased BLEU, chrF); the translations go to
 metrics/<model>.hyp.txt. metrics/<model>.json also says what was measured, as MT papers
 report it: corpus, src_lang, tgt_lang, test_set, the decoding settings and the sacreBLEU
@@ -14,6 +14,7 @@ Writes metrics/<model>.json and logs test_* metrics (and, for translation, the t
 decoding and signatures as tags) to the model's MLflow run.
     python src/evaluate.py model=transformer
 """
+
 import tempfile
 from pathlib import Path
 
@@ -23,18 +24,18 @@ from omegaconf import DictConfig
 
 from attnlab.checkpoint import load_net
 from attnlab.console import logs, summaries
-from attnlab.decoding import Bf16UnitsError
-from attnlab.evaluation import NoTestSplitError
+from attnlab.device import DeviceUnavailableError
 from attnlab.files import write_json_atomic, write_lines_atomic
-from attnlab.lit.device import DeviceUnavailableError
-from attnlab.tracking import log_to_run, prepare_store, read_run_record
+from attnlab.inference.decoding import Bf16UnitsError
+from attnlab.inference.evaluation import NoTestSplitError
+from attnlab.tracking.store import log_to_run, prepare_store, read_run_record
 
 
 @hydra.main(version_base="1.3", config_path="../conf", config_name="config")
 def main(cfg: DictConfig) -> None:
     logs.setup()
     name = cfg.model.name
-    evaluate = get_method(cfg.model.task.evaluate)  # the model's task: attnlab.evaluation
+    evaluate = get_method(cfg.model.task.evaluate)  # the model's task: attnlab.inference.evaluation
     record = read_run_record(Path(cfg.paths.runs) / f"{name}.json", name)
     prepare_store(record["tracking_uri"], cfg.mlflow.artifact_location)
     net = load_net(record["checkpoint"], expected_kind=name)

@@ -12,6 +12,7 @@ and so are requests to the served model over `serving.max_request_sentences` (32
 `serving.max_request_chars` (4,000) or `serving.max_request_tokens` (1,000).
     python src/export.py model=transformer
 """
+
 from pathlib import Path
 
 import hydra
@@ -20,7 +21,7 @@ from omegaconf import DictConfig
 
 from attnlab.checkpoint import load_net
 from attnlab.console import logs, summaries
-from attnlab.tracking import prepare_store, read_run_record
+from attnlab.tracking.store import prepare_store, read_run_record
 
 
 @hydra.main(version_base="1.3", config_path="../conf", config_name="config")

@@ -19,6 +19,7 @@ was, and no partial one.
     python src/tokenize_data.py data=multi30k data.tgt_lang=de
     python src/tokenize_data.py data=fra_eng_d2l
 """
+
 from pathlib import Path
 
 import hydra
@@ -33,8 +34,10 @@ from attnlab.data.corpora import CorpusError, TokenizeError
 def main(cfg: DictConfig) -> None:
     logs.setup(mlflow=False)
     if "tokenize" not in cfg.data:
-        raise SystemExit(f"data={cfg.data.name} names no tokenize function; add one to its config, e.g. "
-                         "`tokenize: attnlab.data.tokenizer.tokenize_sentencepiece` (joint BPE)")
+        raise SystemExit(
+            f"data={cfg.data.name} names no tokenize function; add one to its config, e.g. "
+            "`tokenize: attnlab.data.tokenizer.tokenize_sentencepiece` (joint BPE)"
+        )
     if cfg.data.tokenize is None:
         raise SystemExit(f"data={cfg.data.name} needs no tokenizer; choose data=multi30k or data=fra_eng")
     tokenize = get_method(cfg.data.tokenize)

@@ -3,8 +3,8 @@
     python src/train.py model=transformer optimizer=adamw device=cpu trainer.max_epochs=1
 
 Writes checkpoints/<model>/best.ckpt (best by val_loss, or with
-`checkpoint.average_last=N` the average of the last N epochs' weights) and runs/<model>.json (the MLflow run id
-that evaluate and export add to); logs the resolved config, per-epoch metrics,
+`checkpoint.average_last=N` the average of the last N epochs' weights) and runs/<model>.json (the
+MLflow run id that evaluate and export add to); logs the resolved config, per-epoch metrics,
 the checkpoint and attention heatmaps (attention/*.png) to MLflow. For `dvc plots`
 it writes plots/<model>/history.csv (one row per epoch) and the same heatmaps under
 plots/<model>/attention/; maps drawn after every validation epoch go to
@@ -15,6 +15,7 @@ While it trains it keeps checkpoints/<model>/last.ckpt (every epoch and every
 same command (or `dvc repro`) runs again with the same config, in the same
 MLflow run (attnlab.lit.resume); a finished run deletes last.ckpt.
 """
+
 import logging
 import shutil
 from pathlib import Path
@@ -31,8 +32,8 @@ from attnlab.files import ensure_writable
 from attnlab.lit.checkpoints import TrainingCheckpoints
 from attnlab.lit.history import EpochHistoryLogger
 from attnlab.lit.resume import ResumeState, config_fingerprint, find_resume_point
-from attnlab.sweep import sweep_job
-from attnlab.tracking import prepare_store, write_run_record
+from attnlab.tracking.store import prepare_store, write_run_record
+from attnlab.tracking.sweep import sweep_job
 
 log = logging.getLogger("train")
 
@@ -64,14 +65,19 @@ def main(cfg: DictConfig) -> None:
     name = "-".join([cfg.model.name, *(task_tags.values() or [cfg.data.name]), f"seed{cfg.seed}"])
     logger = instantiate(cfg.mlflow.logger, _partial_=True)(  # call-time arguments stay plain strings
         tags={"model": cfg.model.name, "data": cfg.data.name, **task_tags, **sweep.tags},
-        run_id=resume.run_id if resume else None, run_name=sweep.run_name(name))
+        run_id=resume.run_id if resume else None,
+        run_name=sweep.run_name(name),
+    )
     plots = Path(cfg.paths.plots)
     if resume is None:
         clear_plots(plots)  # a persistent DVC output: a fresh run starts it anew
     configured = [instantiate(node) for node in cfg.callbacks.values() if node is not None]
-    callbacks = [*checkpoints.callbacks(), ResumeState(fingerprint, logger),
-                 *(c for built in configured for c in (built if isinstance(built, list) else [built])),
-                 *module.epoch_callbacks(cfg, plots, logger)]
+    callbacks = [
+        *checkpoints.callbacks(),
+        ResumeState(fingerprint, logger),
+        *(c for built in configured for c in (built if isinstance(built, list) else [built])),
+        *module.epoch_callbacks(cfg, plots, logger),
+    ]
     history = EpochHistoryLogger(plots / "history.csv", resume=resume is not None)
     trainer = pl.Trainer(**cfg.trainer, **cfg.device, logger=[logger, history], callbacks=callbacks)
     if trainer.is_global_zero and resume is None:
@@ -84,8 +90,14 @@ def main(cfg: DictConfig) -> None:
     logger.log_artifact(best_path, "checkpoint")
     for figure in module.figures(load_net(best_path, expected_kind=cfg.model.name), plots):
         logger.log_artifact(str(figure), "attention")
-    write_run_record(Path(cfg.paths.runs) / f"{cfg.model.name}.json", logger.run_id,
-                     cfg.mlflow.tracking_uri, cfg.mlflow.experiment, best_path, root=cfg.paths.root)
+    write_run_record(
+        Path(cfg.paths.runs) / f"{cfg.model.name}.json",
+        logger.run_id,
+        cfg.mlflow.tracking_uri,
+        cfg.mlflow.experiment,
+        best_path,
+        root=cfg.paths.root,
+    )
     checkpoints.last.unlink(missing_ok=True)  # finished: nothing to resume
     print(summaries.train_summary(cfg, trainer, logger, best_path, averaged=averaged))
 

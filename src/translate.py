@@ -23,6 +23,7 @@ per sentence and layer and one explorer page for all of them, in the run's Hydra
 folder (``outputs/<date>/<time>/attention/``); where is said on stderr, so stdout stays one
 line per sentence.
 """
+
 import re
 import sys
 from pathlib import Path
@@ -31,7 +32,7 @@ import hydra
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig
 
-from attnlab.export.translator import Translator
+from attnlab.serving.translator import Translator
 
 TEXT_ARGUMENT = re.compile(r"\+{0,2}text=", re.DOTALL)
 _sentences: list[str] = []  # the +text=… arguments of this command, verbatim
@@ -43,7 +44,7 @@ def take_sentences(argv: list[str]) -> tuple[list[str], list[str]]:
     overrides, sentences = [], []
     for arg in argv:
         m = TEXT_ARGUMENT.match(arg)
-        (sentences.append(arg[m.end():]) if m else overrides.append(arg))
+        (sentences.append(arg[m.end() :]) if m else overrides.append(arg))
     return overrides, sentences
 
 
@@ -51,12 +52,18 @@ def take_sentences(argv: list[str]) -> tuple[list[str], list[str]]:
 def main(cfg: DictConfig) -> None:
     dec = cfg.model.decoding  # the same beam settings as evaluate
     if dec.get("bf16"):
-        raise SystemExit("translate: model.decoding.bf16=true is evaluate's (the checkpoint's); an "
-                         "export decodes in float32 on the torch engine, or use engine=ctranslate2_int8 "
-                         "for speed")
+        raise SystemExit(
+            "translate: model.decoding.bf16=true is evaluate's (the checkpoint's); an "
+            "export decodes in float32 on the torch engine, or use engine=ctranslate2_int8 "
+            "for speed"
+        )
     try:
-        translator = Translator(Path(cfg.paths.models) / cfg.model.name,
-                                beam_size=dec.beam_size, alpha=dec.alpha, engine=cfg.engine)
+        translator = Translator(
+            Path(cfg.paths.models) / cfg.model.name,
+            beam_size=dec.beam_size,
+            alpha=dec.alpha,
+            engine=cfg.engine,
+        )
     except (FileNotFoundError, ValueError) as e:
         raise SystemExit(f"translate: {e}") from None
     sentences = _sentences or [line.rstrip("\r\n") for line in sys.stdin]
@@ -64,7 +71,7 @@ def main(cfg: DictConfig) -> None:
         for line in translator(sentences):
             print(line)
         return
-    from attnlab.alignment_view import show_alignments  # matplotlib and bokeh: only when asked
+    from attnlab.analysis.alignments import show_alignments  # matplotlib and bokeh: only when asked
 
     alignments = translator.align(sentences)
     for a in alignments:
@@ -74,8 +81,10 @@ def main(cfg: DictConfig) -> None:
     if page is None:
         print("attention: nothing was translated, so there is nothing to draw", file=sys.stderr)
     else:
-        print(f"attention: {len(pngs)} PNG in {out_dir} (sent<i>_<kind>_layer<l>.png), "
-              f"explorer: {page}", file=sys.stderr)
+        print(
+            f"attention: {len(pngs)} PNG in {out_dir} (sent<i>_<kind>_layer<l>.png), explorer: {page}",
+            file=sys.stderr,
+        )
 
 
 if __name__ == "__main__":

@@ -1,4 +1,6 @@
-"""Shared fixtures. ``tests/`` is on sys.path so tests can import corpus_fixture."""
+"""Shared fixtures. ``tests/`` is on sys.path so tests can import ``helpers`` (tiny corpora,
+projects, the browser)."""
+
 import os
 import sys
 from pathlib import Path
@@ -11,7 +13,7 @@ if os.environ.get("PYTEST_XDIST_WORKER"):
     # OpenMP threads on 2 cores, which slows torch down many times over.
     os.environ["OMP_NUM_THREADS"] = "1"
 
-import torch  # noqa: E402  (after OMP_NUM_THREADS)
+import torch  # after OMP_NUM_THREADS is set, so that its thread pool reads it
 
 if os.environ.get("PYTEST_XDIST_WORKER"):
     torch.set_num_threads(1)
@@ -36,8 +38,9 @@ def mirror_dir() -> Path:
 
 @pytest.fixture(scope="module")
 def mirror(tmp_path_factory) -> tuple[Path, dict[str, str]]:
-    """The tiny corpus of ``corpus_fixture`` written as a mirror folder: ``(folder, {relative path: sha256})``."""
-    from corpus_fixture import write_mirror
+    """The tiny corpus of ``corpus_fixture`` written as a mirror folder:
+    ``(folder, {relative path: sha256})``."""
+    from helpers.corpus_fixture import write_mirror
 
     root = tmp_path_factory.mktemp("mirror")
     return root, write_mirror(root)
@@ -70,8 +73,32 @@ def one_torch_thread():
 LONGEST_FIRST = ("test_pipeline.py", "test_d2l.py")
 
 
+# The end-to-end files: real `dvc repro` and training runs in subprocesses, killed and resumed,
+# DDP, servers, browsers and fresh virtualenvs. `pytest -m "not e2e"` leaves them out (the fast
+# loop of CONTRIBUTING.md); CI runs everything.
+E2E_FILES = (
+    "test_pipeline.py",
+    "test_d2l.py",
+    "test_resume.py",
+    "test_resume_matrix.py",
+    "test_remote_tracking.py",
+    "test_served_env.py",
+    "test_serving_load.py",
+    "test_sweep.py",
+    "test_train_failures.py",
+    "test_ddp.py",
+    "test_callbacks.py",
+    "test_choose_on_val.py",
+)
+
+
 def pytest_collection_modifyitems(config, items):
+    for item in items:
+        if item.path.name in E2E_FILES:
+            item.add_marker(pytest.mark.e2e)
+
     def rank(item):
         name = item.path.name
         return LONGEST_FIRST.index(name) if name in LONGEST_FIRST else len(LONGEST_FIRST)
+
     items.sort(key=rank)  # stable: each file keeps its own order

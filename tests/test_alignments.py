@@ -1,9 +1,10 @@
 """Alignments of your own sentences (issue 15, part 4): ``Translator.align``, the served model's
 ``alignments`` param and ``src/translate.py +show_attention=true``.
 
-The reference is the checkpoint itself, eager: its own decoding (:func:`attnlab.decoding.translate`)
+The reference is the checkpoint itself, eager: its own decoding (:func:`attnlab.inference.decoding.translate`)
 and its own teacher-forced pass (``net.attention_maps``), never the export's code path.
 """
+
 import json
 import shutil
 import subprocess
@@ -13,15 +14,15 @@ from pathlib import Path
 import pytest
 import torch
 
+from attnlab.analysis.explorer import decode_weights, read_data
 from attnlab.data.special_tokens import BOS_ID, EOS_ID
 from attnlab.data.tokenizer import load_sentencepiece, train_sentencepiece
-from attnlab.decoding import translate
-from attnlab.explorer import decode_weights, read_data
 from attnlab.export.trace import export_translation
-from attnlab.export.translator import Translator
+from attnlab.inference.decoding import translate
 from attnlab.models.bahdanau import Bahdanau
 from attnlab.models.transformer import Transformer
-from serve_harness import PAIRS, learned_transformer
+from attnlab.serving.translator import Translator
+from helpers.serve_harness import PAIRS, learned_transformer
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
@@ -37,13 +38,20 @@ def exports(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("alignments")
     sp = train_sentencepiece([s for pair in PAIRS for s in pair], tmp / "spm", vocab_size=120)
     torch.manual_seed(1)
-    nets = {"transformer": learned_transformer(sp),
-            "transformer_2x4": Transformer(sp.get_piece_size(), 32, 4, 2, 64, 0.0).eval(),
-            "bahdanau": Bahdanau(sp.get_piece_size(), 24, 32).eval()}
+    nets = {
+        "transformer": learned_transformer(sp),
+        "transformer_2x4": Transformer(sp.get_piece_size(), 32, 4, 2, 64, 0.0).eval(),
+        "bahdanau": Bahdanau(sp.get_piece_size(), 24, 32).eval(),
+    }
     tok = load_sentencepiece(tmp / "spm.model")
-    return {name: (net, export_translation(net, tmp / "spm.model", tmp / name,
-                                           {"model": name, "decoding": DECODING}, 80), tok)
-            for name, net in nets.items()}
+    return {
+        name: (
+            net,
+            export_translation(net, tmp / "spm.model", tmp / name, {"model": name, "decoding": DECODING}, 80),
+            tok,
+        )
+        for name, net in nets.items()
+    }
 
 
 def _reference(net, tok, sentence):
@@ -56,8 +64,7 @@ def _reference(net, tok, sentence):
 
 
 @pytest.mark.parametrize("name", ["transformer", "transformer_2x4", "bahdanau"])
-def test_alignment_rows_are_output_tokens_summing_to_one_and_equal_the_checkpoints_forward(
-        exports, name):
+def test_alignment_rows_are_output_tokens_summing_to_one_and_equal_the_checkpoints_forward(exports, name):
     net, export_dir, tok = exports[name]
     translator = Translator(export_dir)
     alignments = translator.align(SENTENCES)
@@ -71,12 +78,14 @@ def test_alignment_rows_are_output_tokens_summing_to_one_and_equal_the_checkpoin
         assert a.target_tokens == [tok.id_to_piece(i) for i in out + [EOS_ID]]  # one row per token
         src, _ = tok.encode_sources([sentence])
         assert a.source_tokens == [tok.id_to_piece(int(i)) for i in src[0]]
-        L, H = (len(net.decoder_blocks), net.decoder_blocks[0].attention2.num_heads) \
-            if kind == "encoder_decoder" else (1, 1)
+        L, H = (
+            (len(net.decoder_blocks), net.decoder_blocks[0].attention2.num_heads)
+            if kind == "encoder_decoder"
+            else (1, 1)
+        )
         assert a.weights.shape == (L, H, len(out) + 1, src.shape[1])
         assert (a.weights >= 0).all()
-        torch.testing.assert_close(a.weights.sum(-1), torch.ones(L, H, len(out) + 1),
-                                   atol=1e-5, rtol=0)
+        torch.testing.assert_close(a.weights.sum(-1), torch.ones(L, H, len(out) + 1), atol=1e-5, rtol=0)
         torch.testing.assert_close(a.weights, expected, atol=1e-6, rtol=0)
 
 
@@ -108,20 +117,33 @@ def test_an_export_without_attention_names_the_command_that_exports_it_again(exp
     (old / config["runtime"]["files"]["attention"]).unlink()
     translator = Translator(old)
     assert translator(SENTENCES[:1]) == Translator(exports["transformer"][1])(SENTENCES[:1])
-    with pytest.raises(FileNotFoundError, match=r"attention.pt2 not found: this export predates "
-                                                r"alignments.*python src/export.py model=transformer"):
+    with pytest.raises(
+        FileNotFoundError,
+        match=r"attention.pt2 not found: this export predates "
+        r"alignments.*python src/export.py model=transformer",
+    ):
         translator.align(SENTENCES[:1])
 
 
-def test_translate_py_show_attention_prints_the_translation_and_draws_its_attention(
-        exports, tmp_path):
+def test_translate_py_show_attention_prints_the_translation_and_draws_its_attention(exports, tmp_path):
     _, export_dir, _ = exports["transformer"]  # trained: no near-tie for another thread count to flip
     shutil.copytree(export_dir, tmp_path / "models" / "transformer")
     sentences = [SENTENCES[0], "", SENTENCES[2]]
     run = subprocess.run(
-        [sys.executable, "src/translate.py", "model=transformer", f"paths.root={tmp_path}",
-         f"hydra.run.dir={tmp_path / 'out'}", *(f"+text={s}" for s in sentences),
-         "+show_attention=true"], cwd=ROOT, capture_output=True, text=True, timeout=300)
+        [
+            sys.executable,
+            "src/translate.py",
+            "model=transformer",
+            f"paths.root={tmp_path}",
+            f"hydra.run.dir={tmp_path / 'out'}",
+            *(f"+text={s}" for s in sentences),
+            "+show_attention=true",
+        ],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert run.returncode == 0, run.stderr
     translator = Translator(export_dir)
     alignments = translator.align(sentences)
@@ -129,7 +151,8 @@ def test_translate_py_show_attention_prints_the_translation_and_draws_its_attent
     folder = tmp_path / "out" / "attention"
     assert f"explorer: {folder / 'explorer.html'}" in run.stderr
     assert sorted(p.name for p in folder.glob("*.png")) == [
-        f"sent{i}_encoder_decoder_layer1.png" for i in (0, 2)]  # the 1-layer model
+        f"sent{i}_encoder_decoder_layer1.png" for i in (0, 2)
+    ]  # the 1-layer model
     data = read_data((folder / "explorer.html").read_text())
     (epoch,) = data["epochs"]
     assert [s["source"] for s in epoch["sentences"]] == [sentences[0], sentences[2]]

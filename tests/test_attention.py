@@ -5,16 +5,21 @@ Tell", sec. 4.1; D2L 11.1) compute the best-scoring valid key in plain
 Python floats, independently of the library, and expect exactly its value
 vector back.
 """
+
 import math
 
 import pytest
 import torch
 
-from attnlab.models.attention import (AdditiveAttention, DotProductAttention, MultiHeadAttention,
-                                      masked_hardmax, masked_softmax)
+from attnlab.models.attention import (
+    AdditiveAttention,
+    DotProductAttention,
+    MultiHeadAttention,
+    masked_hardmax,
+    masked_softmax,
+)
 from attnlab.models.positional_encoding import PositionalEncoding
 from attnlab.models.transformer import AddNorm, PositionWiseFFN
-
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
@@ -22,7 +27,7 @@ pytestmark = pytest.mark.usefixtures("one_torch_thread")
 def test_masked_softmax_matches_hand_computation():
     X = torch.tensor([[[1.0, 2.0, 3.0]]])
     w = masked_softmax(X, torch.tensor([2]))
-    e1, e2 = math.e, math.e ** 2
+    e1, e2 = math.e, math.e**2
     assert w[0, 0].tolist() == pytest.approx([e1 / (e1 + e2), e2 / (e1 + e2), 0.0], abs=1e-7)
 
 
@@ -141,15 +146,20 @@ def test_ffn_and_addnorm_shapes_and_norm():
 
 
 def test_masked_hardmax_hand_computed():
-    X = torch.tensor([[[3.0, 1.0, 3.0, 9.0],    # tie between keys 0 and 2; key 3 (9.0) masked
-                       [0.0, 2.0, 2.0, 2.0],    # three-way tie → lowest index, key 1
-                       [5.0, 4.0, 3.0, 2.0]]])  # no valid key → all zeros
+    X = torch.tensor(
+        [
+            [
+                [3.0, 1.0, 3.0, 9.0],  # tie between keys 0 and 2; key 3 (9.0) masked
+                [0.0, 2.0, 2.0, 2.0],  # three-way tie → lowest index, key 1
+                [5.0, 4.0, 3.0, 2.0],
+            ]
+        ]
+    )  # no valid key → all zeros
     assert masked_hardmax(X, torch.tensor([[3, 4, 0]])).tolist() == [
-        [[1, 0, 0, 0], [0, 1, 0, 0], [0, 0, 0, 0]]]
-    assert masked_hardmax(X, torch.tensor([2])).tolist() == [
-        [[1, 0, 0, 0], [0, 1, 0, 0], [1, 0, 0, 0]]]
-    assert masked_hardmax(X, None).tolist() == [
-        [[0, 0, 0, 1], [0, 1, 0, 0], [1, 0, 0, 0]]]
+        [[1, 0, 0, 0], [0, 1, 0, 0], [0, 0, 0, 0]]
+    ]
+    assert masked_hardmax(X, torch.tensor([2])).tolist() == [[[1, 0, 0, 0], [0, 1, 0, 0], [1, 0, 0, 0]]]
+    assert masked_hardmax(X, None).tolist() == [[[0, 0, 0, 1], [0, 1, 0, 0], [1, 0, 0, 0]]]
     assert masked_hardmax(X.double(), None).dtype == torch.float64
     with pytest.raises(ValueError, match="valid_lens must have shape"):
         masked_hardmax(X, torch.ones(1, 3, 1, dtype=torch.long))
@@ -174,13 +184,19 @@ HARD_VALID = [torch.tensor([5, 1, 0]), torch.tensor([[1, 5, 3, 0], [2, 2, 4, 5],
 @pytest.mark.parametrize("valid", HARD_VALID, ids=["per_sample", "per_query"])
 def test_hard_dot_product_attention_returns_value_of_best_valid_key(valid):
     g = torch.Generator().manual_seed(0)
-    q, k, v = torch.randn(3, 4, 6, generator=g), torch.randn(3, 5, 6, generator=g), torch.randn(3, 5, 2, generator=g)
+    q, k, v = (
+        torch.randn(3, 4, 6, generator=g),
+        torch.randn(3, 5, 6, generator=g),
+        torch.randn(3, 5, 2, generator=g),
+    )
     att = DotProductAttention(hard=True)
     out = att(q, k, v, valid)
     for b, row in enumerate(_lens(valid, 3, 4)):
         for i, n in enumerate(row):
-            scores = [sum(a * c for a, c in zip(q[b, i].tolist(), k[b, j].tolist())) / math.sqrt(6)
-                      for j in range(5)]
+            scores = [
+                sum(a * c for a, c in zip(q[b, i].tolist(), k[b, j].tolist())) / math.sqrt(6)
+                for j in range(5)
+            ]
             best = _best_valid_key(scores, n)
             expected_w = [0.0] * 5 if best is None else [float(j == best) for j in range(5)]
             assert att.attention_weights[b, i].tolist() == expected_w
@@ -192,7 +208,11 @@ def test_hard_additive_attention_returns_value_of_best_valid_key(valid):
     torch.manual_seed(1)
     att = AdditiveAttention(key_size=3, query_size=4, num_hiddens=5, hard=True)
     g = torch.Generator().manual_seed(1)
-    q, k, v = torch.randn(3, 4, 4, generator=g), torch.randn(3, 5, 3, generator=g), torch.randn(3, 5, 2, generator=g)
+    q, k, v = (
+        torch.randn(3, 4, 4, generator=g),
+        torch.randn(3, 5, 3, generator=g),
+        torch.randn(3, 5, 2, generator=g),
+    )
     out = att(q, k, v, valid)
     Wq, Wk, wv = (m.weight.detach().double() for m in (att.W_q, att.W_k, att.w_v))
     for b, row in enumerate(_lens(valid, 3, 4)):

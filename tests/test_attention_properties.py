@@ -13,10 +13,16 @@ need_weights=False: fused scaled_dot_product_attention), and for the hard
 same arithmetic on the same shapes; when the batch or the order changes,
 kernels may sum in another order, so a float32 tolerance of 1e-6 is used.
 """
+
 import pytest
 import torch
 
-from attnlab.models.attention import AdditiveAttention, DotProductAttention, MultiHeadAttention, masked_softmax
+from attnlab.models.attention import (
+    AdditiveAttention,
+    DotProductAttention,
+    MultiHeadAttention,
+    masked_softmax,
+)
 
 D = 8  # feature size of queries, keys and values in this file
 TIGHT = {"atol": 1e-6, "rtol": 1e-6}
@@ -66,9 +72,11 @@ def _biased_layers():
     """MultiHeadAttention with biases: a query with no valid key then outputs W_o's bias."""
     with torch.random.fork_rng():
         torch.manual_seed(0)
-        return [Attn("mha_weights_bias", MultiHeadAttention(D, 2, bias=True), need_weights=True),
-                Attn("mha_fused_bias", MultiHeadAttention(D, 2, bias=True), need_weights=False),
-                Attn("mha_weights_bias_hard", MultiHeadAttention(D, 2, bias=True, hard=True))]
+        return [
+            Attn("mha_weights_bias", MultiHeadAttention(D, 2, bias=True), need_weights=True),
+            Attn("mha_fused_bias", MultiHeadAttention(D, 2, bias=True), need_weights=False),
+            Attn("mha_weights_bias_hard", MultiHeadAttention(D, 2, bias=True, hard=True)),
+        ]
 
 
 LAYERS = _layers()
@@ -81,8 +89,11 @@ BIASED = _biased_layers()
 
 def _inputs(seed, B=3, Q=4, K=5):
     g = torch.Generator().manual_seed(seed)
-    return (torch.randn(B, Q, D, generator=g), torch.randn(B, K, D, generator=g),
-            torch.randn(B, K, D, generator=g))
+    return (
+        torch.randn(B, Q, D, generator=g),
+        torch.randn(B, K, D, generator=g),
+        torch.randn(B, K, D, generator=g),
+    )
 
 
 # --------------------------------------------------------------------------- weights
@@ -150,7 +161,9 @@ def test_fully_padded_sample_leaves_other_samples_outputs_and_gradients_unchange
         attn.module.zero_grad(set_to_none=True)
         out = attn(*inputs, valid[sl])
         (out * upstream[sl]).sum().backward()  # the loss covers the padded sample too
-        params = {n: p.grad.clone() if p.grad is not None else None for n, p in attn.module.named_parameters()}
+        params = {
+            n: p.grad.clone() if p.grad is not None else None for n, p in attn.module.named_parameters()
+        }
         return out.detach(), [x.grad for x in inputs], params
 
     out_all, grads_all, params_all = run(slice(None))
@@ -174,17 +187,18 @@ def test_fully_padded_sample_leaves_other_samples_outputs_and_gradients_unchange
 
 @pytest.mark.parametrize("attn", ALL_LAYERS, ids=IDS)
 def test_causal_mask_output_at_t_ignores_later_inputs(attn):
-    """Self-attention with per-query valid_lens [1..T]: output[:, :t+1] is unchanged when X[:, t+1:] changes."""
+    """Self-attention with per-query valid_lens [1..T]: output[:, :t+1] is unchanged when
+    X[:, t+1:] changes."""
     B, T = 2, 5
     X = torch.randn(B, T, D, generator=torch.Generator().manual_seed(8))
     causal = torch.arange(1, T + 1).expand(B, T)
     out = attn(X, X, X, causal)
     for t in range(T - 1):
         X2 = X.clone()
-        X2[:, t + 1:] = torch.randn(B, T - t - 1, D, generator=torch.Generator().manual_seed(9 + t))
+        X2[:, t + 1 :] = torch.randn(B, T - t - 1, D, generator=torch.Generator().manual_seed(9 + t))
         out2 = attn(X2, X2, X2, causal)
         assert torch.equal(out2[:, : t + 1], out[:, : t + 1]), t
-        assert not torch.equal(out2[:, t + 1:], out[:, t + 1:])  # the change is visible later
+        assert not torch.equal(out2[:, t + 1 :], out[:, t + 1 :])  # the change is visible later
 
 
 @pytest.mark.parametrize("attn", LAYERS, ids=SOFT_IDS)
@@ -214,7 +228,7 @@ def test_multihead_per_head_weights_match_single_heads_and_average():
         qh, kh = mha.W_q(q), mha.W_k(k)
         for h in range(H):
             cols = slice(h * dh, (h + 1) * dh)
-            scores = qh[..., cols] @ kh[..., cols].transpose(1, 2) / dh ** 0.5
+            scores = qh[..., cols] @ kh[..., cols].transpose(1, 2) / dh**0.5
             torch.testing.assert_close(w[:, h], masked_softmax(scores, valid), **TIGHT)
     # The mean over heads is a distribution too (what torch returns with average_attn_weights=True,
     # compared against torch itself in test_attention_reference.py).
@@ -246,5 +260,5 @@ def test_multihead_each_sample_uses_its_own_mask(per_query, need_weights, hard):
         valid = torch.tensor([[1, 2, 3], [6, 5, 4], [2, 2, 6], [3, 1, 1]])
     out = mha(q, k, v, valid, need_weights=need_weights)
     for b in range(4):
-        alone = mha(q[b:b + 1], k[b:b + 1], v[b:b + 1], valid[b:b + 1], need_weights=need_weights)
-        torch.testing.assert_close(out[b:b + 1], alone, **TIGHT)
+        alone = mha(q[b : b + 1], k[b : b + 1], v[b : b + 1], valid[b : b + 1], need_weights=need_weights)
+        torch.testing.assert_close(out[b : b + 1], alone, **TIGHT)

@@ -20,6 +20,7 @@ equivalence sweeps because the references disagree among themselves (and
 across PyTorch versions) on a query with no valid key; our rule for that
 case (zero output) is tested in test_attention_properties.py.
 """
+
 import math
 import warnings
 
@@ -29,7 +30,12 @@ from torch import nn
 from torch.func import functional_call
 from torch.nn import functional as F
 
-from attnlab.models.attention import AdditiveAttention, DotProductAttention, MultiHeadAttention, masked_softmax
+from attnlab.models.attention import (
+    AdditiveAttention,
+    DotProductAttention,
+    MultiHeadAttention,
+    masked_softmax,
+)
 from attnlab.models.transformer import TransformerEncoderBlock
 
 SEEDS = list(range(9))  # seed % 3 picks the mask kind: none, (B,), (B, Q)
@@ -184,7 +190,11 @@ def test_multihead_equals_torch_multihead_attention(seed, bias):
     E = H * int(torch.randint(1, 5, (), generator=g))
     B, Q, K = (int(torch.randint(1, hi + 1, (), generator=g)) for hi in (3, 5, 6))
     valid = _rand_valid_lens(g, MASK_KINDS[(seed // 3) % 3], B, Q, K)
-    q, k, v = torch.randn(B, Q, E, generator=g), torch.randn(B, K, E, generator=g), torch.randn(B, K, E, generator=g)
+    q, k, v = (
+        torch.randn(B, Q, E, generator=g),
+        torch.randn(B, K, E, generator=g),
+        torch.randn(B, K, E, generator=g),
+    )
     torch.manual_seed(seed)
     ours = MultiHeadAttention(E, H, dropout=0.0, bias=bias).eval()
     if bias:  # nn.Linear's default bias init is fine, but make sure none is zero by accident
@@ -211,8 +221,9 @@ def test_multihead_equals_torch_multihead_attention(seed, bias):
 
 
 def _torch_encoder_layer_like(ours: TransformerEncoderBlock, d_model, num_heads, ffn_hidden):
-    theirs = nn.TransformerEncoderLayer(d_model, num_heads, ffn_hidden, dropout=0.0, activation="relu",
-                                        batch_first=True, norm_first=False).eval()
+    theirs = nn.TransformerEncoderLayer(
+        d_model, num_heads, ffn_hidden, dropout=0.0, activation="relu", batch_first=True, norm_first=False
+    ).eval()
     mha = _torch_mha_like(ours.attention, d_model, num_heads)
     theirs.self_attn.load_state_dict(mha.state_dict())
     theirs.linear1.load_state_dict(ours.ffn.dense1.state_dict())
@@ -285,32 +296,56 @@ def test_gradcheck_masked_softmax():
     g = torch.Generator().manual_seed(0)
     X = torch.randn(3, 4, 5, generator=g, dtype=torch.float64, requires_grad=True)
     for valid in (None, torch.tensor([5, 2, 0]), torch.tensor([[1, 2, 3, 0], [5, 5, 1, 4], [0, 0, 2, 3]])):
-        assert torch.autograd.gradcheck(lambda x: masked_softmax(x, valid), (X,))
+        assert torch.autograd.gradcheck(lambda x, valid=valid: masked_softmax(x, valid), (X,))
 
 
-@pytest.mark.parametrize("valid", [None, torch.tensor([4, 1]), torch.tensor([[1, 2, 3], [4, 0, 2]])],
-                         ids=["none", "per_sample", "per_query"])
+@pytest.mark.parametrize(
+    "valid",
+    [None, torch.tensor([4, 1]), torch.tensor([[1, 2, 3], [4, 0, 2]])],
+    ids=["none", "per_sample", "per_query"],
+)
 def test_gradcheck_dot_product_attention(valid):
     g = torch.Generator().manual_seed(1)
-    q, k, v = torch.randn(2, 3, 4, generator=g), torch.randn(2, 4, 4, generator=g), torch.randn(2, 4, 3, generator=g)
+    q, k, v = (
+        torch.randn(2, 3, 4, generator=g),
+        torch.randn(2, 4, 4, generator=g),
+        torch.randn(2, 4, 3, generator=g),
+    )
     _gradcheck_module(DotProductAttention(), [q, k, v], {"valid_lens": valid})
 
 
-@pytest.mark.parametrize("valid", [None, torch.tensor([4, 1]), torch.tensor([[1, 2, 3], [4, 0, 2]])],
-                         ids=["none", "per_sample", "per_query"])
+@pytest.mark.parametrize(
+    "valid",
+    [None, torch.tensor([4, 1]), torch.tensor([[1, 2, 3], [4, 0, 2]])],
+    ids=["none", "per_sample", "per_query"],
+)
 def test_gradcheck_additive_attention(valid):
     g = torch.Generator().manual_seed(2)
-    q, k, v = torch.randn(2, 3, 3, generator=g), torch.randn(2, 4, 2, generator=g), torch.randn(2, 4, 3, generator=g)
+    q, k, v = (
+        torch.randn(2, 3, 3, generator=g),
+        torch.randn(2, 4, 2, generator=g),
+        torch.randn(2, 4, 3, generator=g),
+    )
     torch.manual_seed(2)
-    _gradcheck_module(AdditiveAttention(key_size=2, query_size=3, num_hiddens=4), [q, k, v], {"valid_lens": valid})
+    _gradcheck_module(
+        AdditiveAttention(key_size=2, query_size=3, num_hiddens=4), [q, k, v], {"valid_lens": valid}
+    )
 
 
 @pytest.mark.parametrize("need_weights", [True, False])
-@pytest.mark.parametrize("valid", [None, torch.tensor([4, 1]), torch.tensor([[1, 2, 3], [4, 0, 2]])],
-                         ids=["none", "per_sample", "per_query"])
+@pytest.mark.parametrize(
+    "valid",
+    [None, torch.tensor([4, 1]), torch.tensor([[1, 2, 3], [4, 0, 2]])],
+    ids=["none", "per_sample", "per_query"],
+)
 def test_gradcheck_multihead_attention(valid, need_weights):
     g = torch.Generator().manual_seed(3)
-    q, k, v = torch.randn(2, 3, 4, generator=g), torch.randn(2, 4, 4, generator=g), torch.randn(2, 4, 4, generator=g)
+    q, k, v = (
+        torch.randn(2, 3, 4, generator=g),
+        torch.randn(2, 4, 4, generator=g),
+        torch.randn(2, 4, 4, generator=g),
+    )
     torch.manual_seed(3)
-    _gradcheck_module(MultiHeadAttention(4, 2, bias=True), [q, k, v],
-                      {"valid_lens": valid, "need_weights": need_weights})
+    _gradcheck_module(
+        MultiHeadAttention(4, 2, bias=True), [q, k, v], {"valid_lens": valid, "need_weights": need_weights}
+    )

@@ -5,11 +5,12 @@ tiny Transformer for real: the kept checkpoint of a 2-epoch run with
 ``average_last=2``, killed in epoch 2 and resumed, must equal the mean of the
 epoch-1 and epoch-2 weights of separate uninterrupted runs.
 """
+
 import subprocess
 import time
 
-import pytorch_lightning as pl
 import pytest
+import pytorch_lightning as pl
 import torch
 from pytorch_lightning.callbacks import ModelCheckpoint
 from pytorch_lightning.demos.boring_classes import BoringModel, RandomDataset
@@ -18,8 +19,7 @@ from torch.utils.data import DataLoader
 
 from attnlab.lit.averaging import WeightAveraging
 from attnlab.models.transformer import Transformer
-
-from tiny_train import ROOT, STEPS_PER_EPOCH, copy_project, env, make_project, train, train_cmd
+from helpers.tiny_train import ROOT, STEPS_PER_EPOCH, copy_project, env, make_project, train, train_cmd
 
 
 class _Module(nn.Module):
@@ -107,8 +107,15 @@ class _Boring(BoringModel):
 def _fit(tmp_path, callbacks, ckpt_path=None, epochs=3):
     pl.seed_everything(0)
     model = _Boring()
-    trainer = pl.Trainer(max_epochs=epochs, callbacks=callbacks, default_root_dir=tmp_path, logger=False,
-                         enable_progress_bar=False, enable_model_summary=False, deterministic=True)
+    trainer = pl.Trainer(
+        max_epochs=epochs,
+        callbacks=callbacks,
+        default_root_dir=tmp_path,
+        logger=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        deterministic=True,
+    )
     trainer.fit(model, ckpt_path=ckpt_path)
     return model
 
@@ -117,8 +124,9 @@ def test_lightning_resume_from_the_last_batch_checkpoint_keeps_that_epoch(tmp_pa
     """A step checkpoint written at an epoch's last batch comes before on_train_epoch_end; a run
     resumed from it never re-runs that hook, so the snapshot must already be in the checkpoint."""
     spy, averaging = _Spy(), WeightAveraging(3)
-    steps = ModelCheckpoint(dirpath=tmp_path / "ckpt", filename="{step}", every_n_train_steps=4,
-                            save_top_k=-1)
+    steps = ModelCheckpoint(
+        dirpath=tmp_path / "ckpt", filename="{step}", every_n_train_steps=4, save_top_k=-1
+    )
     _fit(tmp_path / "a", [spy, averaging, steps])
     want = {k: sum(w[k] for w in spy.weights) / 3 for k in spy.weights[0]}
     got = averaging.average()
@@ -153,13 +161,14 @@ def test_kept_checkpoint_is_the_mean_of_the_last_epochs_even_after_a_kill(tmp_pa
     root = copy_project(base, tmp_path / "avg")
     args = ("trainer.max_epochs=2", "checkpoint.average_last=2", "checkpoint.every_n_train_steps=3")
     last = root / "checkpoints/transformer/last.ckpt"
-    proc = subprocess.Popen(train_cmd(root, *args), cwd=ROOT, env=env(),
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    proc = subprocess.Popen(
+        train_cmd(root, *args), cwd=ROOT, env=env(), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+    )
     deadline, step = time.time() + 240, 0
     while step <= STEPS_PER_EPOCH and proc.poll() is None and time.time() < deadline:
         try:  # kill once a checkpoint inside epoch 2 exists (it holds epoch 1's snapshot)
             step = torch.load(last, map_location="cpu", weights_only=True)["global_step"]
-        except Exception:  # not written yet, or being written
+        except Exception:  # noqa: BLE001 - not written yet, or half written: torch.load fails in many ways
             time.sleep(0.05)
     proc.kill()
     assert proc.wait(timeout=120) != 0, "the run finished before it could be killed"

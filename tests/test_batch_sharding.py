@@ -1,4 +1,5 @@
 """DDP sharding and mid-epoch resumption of the batch samplers (attnlab.data.batching)."""
+
 import pytest
 import torch
 
@@ -9,8 +10,10 @@ LENGTHS = [3, 9, 4, 7, 7, 2, 12, 5, 6, 8, 3, 10, 4]
 
 
 def _samplers(**kw):
-    return [TokenBudgetBatchSampler(LENGTHS, max_tokens=20, seed=3, **kw),
-            BucketBatchSampler(LENGTHS, batch_size=2, seed=3, **kw)]
+    return [
+        TokenBudgetBatchSampler(LENGTHS, max_tokens=20, seed=3, **kw),
+        BucketBatchSampler(LENGTHS, batch_size=2, seed=3, **kw),
+    ]
 
 
 @pytest.mark.parametrize("index", [0, 1], ids=["token_budget", "bucket"])
@@ -39,9 +42,12 @@ def test_rank_out_of_range_is_an_error():
 
 def test_resumable_loader_continues_where_it_stopped():
     ds = PairDataset([list(range(n)) for n in LENGTHS], [list(range(n)) for n in LENGTHS])
-    make = lambda: ResumableDataLoader(ds, batch_sampler=TokenBudgetBatchSampler(  # noqa: E731
-        ds.lengths(), max_tokens=20, seed=1), collate_fn=collate,
-        generator=torch.Generator().manual_seed(0))
+    make = lambda: ResumableDataLoader(
+        ds,
+        batch_sampler=TokenBudgetBatchSampler(ds.lengths(), max_tokens=20, seed=1),
+        collate_fn=collate,
+        generator=torch.Generator().manual_seed(0),
+    )
     loader = make()
     loader.batch_sampler.set_epoch(2)
     full = [b["src"].tolist() for b in loader]

@@ -6,12 +6,13 @@ a command's answer together with the events behind it. The explorer logs "drawn 
 shares a read with the answer; a client that returns on the answer and drops the rest of the read
 waits for it in vain (a CI failure of test_explorer). Here the pipe is fed by hand, no browser.
 """
+
 from __future__ import annotations
 
 import json
 import os
 
-from browser import DevTools
+from helpers.browser import DevTools
 
 
 def _client() -> tuple[DevTools, int, int]:
@@ -29,22 +30,31 @@ def _wire(*messages: dict) -> bytes:
 
 
 def _logged(text: str, session: str) -> dict:
-    return {"method": "Runtime.consoleAPICalled", "sessionId": session,
-            "params": {"type": "log", "args": [{"type": "string", "value": text}]}}
+    return {
+        "method": "Runtime.consoleAPICalled",
+        "sessionId": session,
+        "params": {"type": "log", "args": [{"type": "string", "value": text}]},
+    }
 
 
 def test_an_event_read_with_a_commands_answer_is_kept():
     client, chromium_writes, chromium_reads = _client()
     before, after = _logged("before the answer", "S"), _logged("drawn head=1", "S")
     # The answer to command 1 with an event on each side of it, in one write (so one read).
-    os.write(chromium_writes, _wire(before, {"id": 1, "sessionId": "S", "result": {"ok": 7}}, after)
-             + json.dumps(_logged("half a message", "S")).encode()[:20])
+    os.write(
+        chromium_writes,
+        _wire(before, {"id": 1, "sessionId": "S", "result": {"ok": 7}}, after)
+        + json.dumps(_logged("half a message", "S")).encode()[:20],
+    )
     assert client.call("Runtime.evaluate", "S", timeout=5, expression="1") == {"ok": 7}
     sent = json.loads(os.read(chromium_reads, 1 << 16).rstrip(b"\0"))
     assert (sent["id"], sent["method"], sent["sessionId"]) == (1, "Runtime.evaluate", "S")
     assert client.events == [before]  # an event before the answer is recorded by the call
-    found = client.wait_for(lambda e: e.get("params", {}).get("args", [{}])[0].get("value")
-                            == "drawn head=1", 5, "the event behind the answer")
+    found = client.wait_for(
+        lambda e: e.get("params", {}).get("args", [{}])[0].get("value") == "drawn head=1",
+        5,
+        "the event behind the answer",
+    )
     assert found == after
     assert client.console("S") == [("log", "before the answer"), ("log", "drawn head=1")]
     assert client._buffer == json.dumps(_logged("half a message", "S")).encode()[:20]  # kept too

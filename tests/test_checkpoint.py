@@ -4,6 +4,7 @@ holding pickled objects, a truncated one.
 Each case gets a ``CheckpointError`` naming the problem and the fix, and nothing is
 half-loaded: pickled objects are refused, never unpickled.
 """
+
 import re
 from pathlib import Path
 
@@ -18,15 +19,24 @@ def nw_checkpoint(tmp_path_factory) -> tuple[Path, torch.Tensor]:
     """A real Lightning checkpoint: NW trained one step on D2L's synthetic data."""
     import pytorch_lightning as pl
 
-    from attnlab.lit.regression import RegressionModule, full_batch_loader
     from attnlab.data.synthetic import synthetic_regression
+    from attnlab.lit.regression import RegressionModule, full_batch_loader
 
     data = synthetic_regression(50, 0.5, 5.0, seed=0)
-    module = RegressionModule(optimizer={"_target_": "torch.optim.SGD", "_partial_": True, "lr": 0.5}, init_w=1.0)
+    module = RegressionModule(
+        optimizer={"_target_": "torch.optim.SGD", "_partial_": True, "lr": 0.5}, init_w=1.0
+    )
     module.data = data
-    trainer = pl.Trainer(max_steps=1, accelerator="cpu", devices=1, logger=False,
-                         enable_checkpointing=False, enable_progress_bar=False,
-                         enable_model_summary=False, limit_val_batches=0)
+    trainer = pl.Trainer(
+        max_steps=1,
+        accelerator="cpu",
+        devices=1,
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        limit_val_batches=0,
+    )
     trainer.fit(module, full_batch_loader(data["x_train"], data["y_train"]))
     path = tmp_path_factory.mktemp("ckpt") / "best.ckpt"
     trainer.save_checkpoint(path)
@@ -37,9 +47,12 @@ def test_real_checkpoint_of_another_model_is_a_checkpoint_error(nw_checkpoint):
     path, w = nw_checkpoint
     net = load_net(path, expected_kind="nw")  # torch.load(weights_only=True) reads it
     assert net.kind == "nw" and torch.equal(net.w, w) and not torch.equal(w, torch.ones(1))
-    with pytest.raises(CheckpointError, match=rf"^{re.escape(str(path))} holds a nw model, not "
-                       r"transformer; pass checkpoints/transformer/ \(train it with `python "
-                       r"src/train\.py model=transformer`\) or run with model=nw$"):
+    with pytest.raises(
+        CheckpointError,
+        match=rf"^{re.escape(str(path))} holds a nw model, not "
+        r"transformer; pass checkpoints/transformer/ \(train it with `python "
+        r"src/train\.py model=transformer`\) or run with model=nw$",
+    ):
         load_net(path, expected_kind="transformer")
 
 
@@ -47,19 +60,28 @@ def test_checkpoint_with_pickled_objects_is_refused_not_unpickled(tmp_path):
     from omegaconf import OmegaConf
 
     path = tmp_path / "old.ckpt"
-    torch.save({"hyper_parameters": OmegaConf.create({"init_w": 1.0}),
-                "state_dict": {"net.w": torch.ones(1)}}, path)
+    torch.save(
+        {"hyper_parameters": OmegaConf.create({"init_w": 1.0}), "state_dict": {"net.w": torch.ones(1)}}, path
+    )
     assert torch.load(path, weights_only=False)["hyper_parameters"]["init_w"] == 1.0  # a valid file
-    with pytest.raises(CheckpointError, match=r"holds Python objects that torch\.load\(weights_only=True\) "
-                       r"refuses.*retrain with `python src/train\.py`"):
+    with pytest.raises(
+        CheckpointError,
+        match=r"holds Python objects that torch\.load\(weights_only=True\) "
+        r"refuses.*retrain with `python src/train\.py`",
+    ):
         load_net(path)
 
 
 def test_truncated_checkpoint_is_a_checkpoint_error(nw_checkpoint, tmp_path):
     data = nw_checkpoint[0].read_bytes()
-    for name, content, cause in [("cut.ckpt", data[:len(data) // 2], "RuntimeError: PytorchStreamReader"),
-                                 ("empty.ckpt", b"", "EOFError: empty")]:
+    for name, content, cause in [
+        ("cut.ckpt", data[: len(data) // 2], "RuntimeError: PytorchStreamReader"),
+        ("empty.ckpt", b"", "EOFError: empty"),
+    ]:
         (tmp_path / name).write_bytes(content)
-        with pytest.raises(CheckpointError, match=rf"{name} is truncated or not a torch checkpoint "
-                           rf"\({cause}.*retrain with `python src/train\.py` or copy the file again"):
+        with pytest.raises(
+            CheckpointError,
+            match=rf"{name} is truncated or not a torch checkpoint "
+            rf"\({cause}.*retrain with `python src/train\.py` or copy the file again",
+        ):
             load_net(tmp_path / name)

@@ -5,6 +5,7 @@ the script's averages must be the element-wise means of those files, its scores 
 the hypotheses the kept weights decode, its choice the best row, and ``--write`` a checkpoint
 that ``load_net`` (the evaluate stage's loader) reads with exactly the chosen weights.
 """
+
 import importlib.util
 import json
 
@@ -15,13 +16,14 @@ import torch
 from attnlab.checkpoint import load_net
 from attnlab.data.corpora import read_lines
 from attnlab.data.tokenizer import load_sentencepiece
-from attnlab.decoding import translate_text
+from attnlab.inference.decoding import translate_text
+from helpers.tiny_train import ROOT, make_project, train
 
-from tiny_train import ROOT, make_project, train
-
-EVERY_EPOCH = ("+callbacks.every_epoch={_target_: pytorch_lightning.callbacks.ModelCheckpoint, "
-               "dirpath: %s, filename: \"e{epoch:02d}\", monitor: step, mode: max, save_top_k: -1, "
-               "save_weights_only: true, auto_insert_metric_name: false}")
+EVERY_EPOCH = (
+    "+callbacks.every_epoch={_target_: pytorch_lightning.callbacks.ModelCheckpoint, "
+    'dirpath: %s, filename: "e{epoch:02d}", monitor: step, mode: max, save_top_k: -1, '
+    "save_weights_only: true, auto_insert_metric_name: false}"
+)
 
 
 def _script():
@@ -52,13 +54,31 @@ def test_averages_scores_and_the_written_choice(trained, tmp_path):
     mean = script.average_last(kept, 2)["state_dict"]
     key = "net.encoder_blocks.0.ffn.dense1.weight"
     assert not torch.equal(e2[key], e3[key])
-    torch.testing.assert_close(mean[key], (e2[key].double() + e3[key].double()).div(2).float(),
-                               rtol=0, atol=0)
+    torch.testing.assert_close(
+        mean[key], (e2[key].double() + e3[key].double()).div(2).float(), rtol=0, atol=0
+    )
 
     out, written = tmp_path / "choice.json", tmp_path / "best.ckpt"
-    result = script.main([str(epochs), "--tokenized", str(tokenized), "--last", "1", "2", "3",
-                          "--alpha", "1.0", "0.0", "--beam-size", "2",
-                          "--out", str(out), "--write", str(written)])
+    result = script.main(
+        [
+            str(epochs),
+            "--tokenized",
+            str(tokenized),
+            "--last",
+            "1",
+            "2",
+            "3",
+            "--alpha",
+            "1.0",
+            "0.0",
+            "--beam-size",
+            "2",
+            "--out",
+            str(out),
+            "--write",
+            str(written),
+        ]
+    )
     assert json.loads(out.read_text()) == result
     assert [row["last"] for row in result["averaging"]] == [1, 2, 3]
     assert result["averaging"][1]["epochs"] == [2, 3]
@@ -66,8 +86,9 @@ def test_averages_scores_and_the_written_choice(trained, tmp_path):
     # the last epoch alone at α 1: sacreBLEU on what the epoch-3 file decodes (the reference)
     net = load_net(kept[-1][1], expected_kind="transformer")
     sources, references = read_lines(tokenized / "val.src.txt"), read_lines(tokenized / "val.tgt.txt")
-    hypotheses = translate_text(net.init_state, net.step, load_sentencepiece(tokenized / "spm.model"),
-                                sources, beam_size=2, alpha=1.0)
+    hypotheses = translate_text(
+        net.init_state, net.step, load_sentencepiece(tokenized / "spm.model"), sources, beam_size=2, alpha=1.0
+    )
     want = sacrebleu.corpus_bleu(hypotheses, [references]).score
     assert result["averaging"][0]["bleu"] == pytest.approx(want, abs=1e-9)
 
@@ -105,8 +126,11 @@ def test_a_second_run_or_a_gap_in_the_folder_is_refused(trained, tmp_path):
     twice = tmp_path / "twice"
     shutil.copytree(epochs, twice)
     shutil.copy(twice / "e01.ckpt", twice / "e01-v1.ckpt")  # what a second run into the folder writes
-    with pytest.raises(SystemExit, match=r"holds 2 checkpoints of epoch 2 \(e01-v1.ckpt, e01.ckpt\): "
-                                         r"more than one run wrote there"):
+    with pytest.raises(
+        SystemExit,
+        match=r"holds 2 checkpoints of epoch 2 \(e01-v1.ckpt, e01.ckpt\): "
+        r"more than one run wrote there",
+    ):
         script.epoch_checkpoints(twice)
     gap = tmp_path / "gap"
     shutil.copytree(epochs, gap)
@@ -119,8 +143,12 @@ def test_the_best_row_and_its_tie_rules():
     """Highest BLEU wins; a tie goes to the smaller N, and to the reference α even when another
     α of the same BLEU was listed (or decoded) first."""
     best = _script().best
-    rows = [{"last": 1, "bleu": 40.1}, {"last": 3, "bleu": 40.5}, {"last": 5, "bleu": 40.5},
-            {"last": 8, "bleu": 40.2}]
+    rows = [
+        {"last": 1, "bleu": 40.1},
+        {"last": 3, "bleu": 40.5},
+        {"last": 5, "bleu": 40.5},
+        {"last": 8, "bleu": 40.2},
+    ]
     assert best(rows, lambda r: -r["last"])["last"] == 3
     assert best(rows[:1] + rows[3:], lambda r: -r["last"])["last"] == 8
     alphas = [{"alpha": 0.6, "bleu": 40.5}, {"alpha": 1.0, "bleu": 40.5}, {"alpha": 1.2, "bleu": 40.4}]

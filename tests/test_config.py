@@ -1,4 +1,5 @@
 """Hydra composition of the real conf/: groups, errors a user sees, resolved paths."""
+
 import subprocess
 import sys
 from pathlib import Path
@@ -7,7 +8,7 @@ import pytest
 from hydra import compose, initialize_config_dir
 from hydra.errors import ConfigCompositionException, MissingConfigException
 
-import attnlab  # noqa: F401  (registers the resolvers conf/ uses, as the apps do)
+import attnlab  # noqa: F401 - registers the resolvers conf/ uses, as the apps do
 
 ROOT = Path(__file__).resolve().parents[1]
 CONF = str(ROOT / "conf")
@@ -24,8 +25,9 @@ def _compose(overrides, monkeypatch, root="/tmp/attnlab-root", uri=None):
 
 
 def test_readme_override_line_composes(monkeypatch):
-    cfg = _compose(["model=transformer", "optimizer=adamw", "device=cpu", "trainer.max_epochs=1"],
-                   monkeypatch)
+    cfg = _compose(
+        ["model=transformer", "optimizer=adamw", "device=cpu", "trainer.max_epochs=1"], monkeypatch
+    )
     assert cfg.model.net._target_ == "attnlab.models.transformer.Transformer"
     assert cfg.optimizer._target_ == "torch.optim.AdamW"
     assert cfg.device.accelerator == "cpu" and cfg.trainer.max_epochs == 1
@@ -51,9 +53,13 @@ def test_misspelled_trainer_key_is_a_composition_error_naming_it(monkeypatch, tm
 
 
 def test_train_script_with_misspelled_key_exits_nonzero_naming_it(tmp_path):
-    proc = subprocess.run([sys.executable, str(ROOT / "src" / "train.py"), "trainer.max_epoch=1",
-                           f"paths.root={tmp_path}"], cwd=tmp_path, capture_output=True, text=True,
-                          timeout=120)
+    proc = subprocess.run(
+        [sys.executable, str(ROOT / "src" / "train.py"), "trainer.max_epoch=1", f"paths.root={tmp_path}"],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert proc.returncode == 1
     assert "Could not override 'trainer.max_epoch'" in proc.stderr
     assert "Key 'max_epoch' is not in struct" in proc.stderr
@@ -75,14 +81,19 @@ def test_mlflow_store_is_absolute_sqlite_at_root(monkeypatch):
 
 def test_translation_model_on_synthetic_data_is_a_clear_error(monkeypatch):
     from hydra.utils import get_class
+
     cfg = _compose(["model=transformer", "data=synthetic"], monkeypatch)
     with pytest.raises(ValueError, match="choose data=multi30k or data=fra_eng"):
         get_class(cfg.model.task.module).from_config(cfg)
 
 
-@pytest.mark.parametrize("model, lr, extra", [("bahdanau", 0.005, {"num_layers": 2, "embed_size": 256}),
-                                              ("transformer", 0.0015, {"ffn_hidden": 64, "num_heads": 4,
-                                                                       "tie_embeddings": False})])
+@pytest.mark.parametrize(
+    "model, lr, extra",
+    [
+        ("bahdanau", 0.005, {"num_layers": 2, "embed_size": 256}),
+        ("transformer", 0.0015, {"ffn_hidden": 64, "num_heads": 4, "tie_embeddings": False}),
+    ],
+)
 def test_fra_eng_d2l_profile_sets_d2ls_hyperparameters(monkeypatch, model, lr, extra):
     cfg = _compose(["data=fra_eng_d2l", f"model={model}"], monkeypatch, root="/r")
     net = cfg.model.net
@@ -103,11 +114,14 @@ def test_profile_applies_only_to_its_pair(monkeypatch):
     assert cfg.checkpoint.monitor == "val_loss" and cfg.paths.checkpoints == "/r/checkpoints/transformer"
 
 
-@pytest.mark.parametrize("root, project", [
-    ("/home/me/attnlab/.dvc/tmp/exps/tmpa1b2c3", "/home/me/attnlab"),  # `dvc exp run --queue`
-    ("/home/me/attnlab", "/home/me/attnlab"),
-    ("/home/me/.dvc/tmp/exps", "/home/me/.dvc/tmp/exps"),  # the folder itself is no workspace
-])
+@pytest.mark.parametrize(
+    "root, project",
+    [
+        ("/home/me/attnlab/.dvc/tmp/exps/tmpa1b2c3", "/home/me/attnlab"),  # `dvc exp run --queue`
+        ("/home/me/attnlab", "/home/me/attnlab"),
+        ("/home/me/.dvc/tmp/exps", "/home/me/.dvc/tmp/exps"),  # the folder itself is no workspace
+    ],
+)
 def test_runs_in_dvcs_temporary_workspace_track_to_the_project(monkeypatch, root, project):
     cfg = _compose([], monkeypatch, root=root)
     assert cfg.paths.tracking_root == project
@@ -119,11 +133,13 @@ def test_runs_in_dvcs_temporary_workspace_track_to_the_project(monkeypatch, root
 
 def _yaml(path: str):
     from omegaconf import OmegaConf
+
     return OmegaConf.load(Path(CONF) / path)
 
 
 def test_trainer_full_extends_default_with_only_its_changes(monkeypatch):
     from omegaconf import OmegaConf
+
     full = _yaml("trainer/full.yaml")
     assert list(full.defaults) == ["default", "_self_"]
     own = {k: v for k, v in OmegaConf.to_container(full).items() if k != "defaults"}
@@ -150,11 +166,20 @@ def test_full_profile_experiment_sets_only_its_recipe_on_trainer_full(monkeypatc
     """``+experiment=full`` = the default composition with trainer=full and exactly the keys
     conf/experiment/full.yaml sets, each of them a change."""
     from omegaconf import OmegaConf
-    own = _leaves({k: v for k, v in OmegaConf.to_container(_yaml("experiment/full.yaml")).items()
-                   if k != "defaults"})
-    assert own == {"model.lr_decay": "linear", "model.warmup_steps": 800, "model.net.num_layers": 3,
-                   "model.net.ffn_hidden": 1024, "model.net.dropout": 0.2, "trainer.max_epochs": 25,
-                   "optimizer.lr": 0.002, "checkpoint.average_last": 8}
+
+    own = _leaves(
+        {k: v for k, v in OmegaConf.to_container(_yaml("experiment/full.yaml")).items() if k != "defaults"}
+    )
+    assert own == {
+        "model.lr_decay": "linear",
+        "model.warmup_steps": 800,
+        "model.net.num_layers": 3,
+        "model.net.ffn_hidden": 1024,
+        "model.net.dropout": 0.2,
+        "trainer.max_epochs": 25,
+        "optimizer.lr": 0.002,
+        "checkpoint.average_last": 8,
+    }
     base = _leaves(OmegaConf.to_container(_compose(["trainer=full"], monkeypatch)))
     full = _leaves(OmegaConf.to_container(_compose(["+experiment=full"], monkeypatch)))
     assert all(base[k] != v for k, v in own.items()), "experiment/full.yaml repeats a value"
@@ -168,19 +193,29 @@ def test_full_profile_as_dvc_runs_it_takes_max_epochs_from_params(monkeypatch):
     model's ``overrides``: the command line beats the experiment file, so the README's
     ``dvc exp run -S models.transformer.max_epochs=25`` is what sets the epochs."""
     stage = ["model=transformer", "data=multi30k", "optimizer=adam", "device=cpu", "seed=0"]
-    assert _compose([*stage, "trainer.max_epochs=4", "+experiment=full"],
-                    monkeypatch).trainer.max_epochs == 4
+    assert _compose([*stage, "trainer.max_epochs=4", "+experiment=full"], monkeypatch).trainer.max_epochs == 4
     cfg = _compose([*stage, "trainer.max_epochs=25", "+experiment=full"], monkeypatch)
-    assert (cfg.trainer.max_epochs, cfg.model.net.dropout, cfg.optimizer.lr,
-            cfg.checkpoint.average_last) == (25, 0.2, 0.002, 8)
+    assert (cfg.trainer.max_epochs, cfg.model.net.dropout, cfg.optimizer.lr, cfg.checkpoint.average_last) == (
+        25,
+        0.2,
+        0.002,
+        8,
+    )
 
 
-@pytest.mark.parametrize("flags, device, expected", [
-    ({"avx2", "avx512f"}, "cpu", "32-true"), ({"avx2", "avx512_bf16"}, "cpu", "bf16-mixed"),
-    ({"amx_bf16"}, "cpu", "bf16-mixed"), ({"avx2", "avx512_bf16"}, "auto", "bf16-mixed"),
-    (set(), "auto", "32-true")])
+@pytest.mark.parametrize(
+    "flags, device, expected",
+    [
+        ({"avx2", "avx512f"}, "cpu", "32-true"),
+        ({"avx2", "avx512_bf16"}, "cpu", "bf16-mixed"),
+        ({"amx_bf16"}, "cpu", "bf16-mixed"),
+        ({"avx2", "avx512_bf16"}, "auto", "bf16-mixed"),
+        (set(), "auto", "32-true"),
+    ],
+)
 def test_trainer_full_chooses_bf16_where_the_cpu_has_bf16_units(monkeypatch, flags, device, expected):
     import torch
+
     from attnlab import config
 
     monkeypatch.setattr(config, "cpu_flags", lambda: set(flags))
@@ -193,6 +228,7 @@ def test_trainer_full_chooses_bf16_where_the_cpu_has_bf16_units(monkeypatch, fla
 @pytest.mark.parametrize("bf16, expected", [(True, "bf16-mixed"), (False, "32-true")])
 def test_trainer_full_on_a_gpu_asks_cuda_for_bf16(monkeypatch, bf16, expected):
     import torch
+
     from attnlab import config
 
     monkeypatch.setattr(config, "cpu_flags", lambda: {"avx512_bf16"})  # the GPU decides, not the CPU
@@ -209,8 +245,11 @@ def test_d2l_profiles_share_d2l_yaml_and_state_only_their_model(model):
     assert list(profile.defaults) == ["d2l", "_self_"]
     shared = _yaml("profile/d2l.yaml")
     # config.yaml selects `profile: ${data}_${model}`: no pair of choices selects d2l.yaml alone
-    pairs = {f"{d.stem}_{m.stem}" for d in Path(CONF, "data").glob("*.yaml")
-             for m in Path(CONF, "model").glob("*.yaml")}
+    pairs = {
+        f"{d.stem}_{m.stem}"
+        for d in Path(CONF, "data").glob("*.yaml")
+        for m in Path(CONF, "model").glob("*.yaml")
+    }
     assert f"fra_eng_d2l_{model}" in pairs and "d2l" not in pairs
     assert not set(profile.model) & set(shared.model) and not set(profile.optimizer) & set(shared.optimizer)
     assert set(profile) == {"defaults", "model", "optimizer"}
@@ -221,6 +260,7 @@ def test_model_constructor_defaults_equal_conf_model_yaml(name):
     """conf/model/<name>.yaml is the one place of the model's sizes: the Python defaults agree."""
     import importlib
     import inspect
+
     from omegaconf import OmegaConf
 
     net = OmegaConf.to_container(_yaml(f"model/{name}.yaml").net)
@@ -232,12 +272,18 @@ def test_model_constructor_defaults_equal_conf_model_yaml(name):
 def test_has_bf16_units_answers_for_the_cpu_without_importing_torch():
     """benchmarks/translate_throughput.py asks it in a parent process that keeps torch out; the
     answer is whether /proc/cpuinfo's flags hold avx512_bf16 or amx_bf16 (read here directly)."""
-    code = ("import sys; from attnlab.config import has_bf16_units; "
-            "print(has_bf16_units('cpu'), 'torch' in sys.modules)")
+    code = (
+        "import sys; from attnlab.config import has_bf16_units; "
+        "print(has_bf16_units('cpu'), 'torch' in sys.modules)"
+    )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     try:
-        flags = {f for line in Path("/proc/cpuinfo").read_text().splitlines()
-                 if line.startswith("flags") for f in line.partition(":")[2].split()}
+        flags = {
+            f
+            for line in Path("/proc/cpuinfo").read_text().splitlines()
+            if line.startswith("flags")
+            for f in line.partition(":")[2].split()
+        }
     except OSError:
         flags = set()
     assert out.stdout.split() == [str(bool(flags & {"avx512_bf16", "amx_bf16"})), "False"]

@@ -9,6 +9,7 @@ export then run on that project, in this process, under DVC_STAGE too. Further
 in-process checks cover the progress bar's per-step ``loss`` and ``tokens/s``, which
 callbacks a terminal gets, and what logs.setup hides with and without ATTNLAB_VERBOSE.
 """
+
 from __future__ import annotations
 
 import importlib.util
@@ -25,20 +26,37 @@ import pytest
 import torch
 from hydra import compose, initialize_config_dir
 
+from attnlab.checkpoint import load_net
 from attnlab.console import logs, summaries
 from attnlab.console.runs import mlflow_links
-from attnlab.checkpoint import load_net
 from attnlab.lit.progress import RichBar
-from attnlab.tracking import read_run_record
-from tiny_train import ROOT, TINY, history, make_project, mlflow_client, runs, train
+from attnlab.tracking.store import read_run_record
+from helpers.tiny_train import ROOT, TINY, history, make_project, mlflow_client, runs, train
 
 EPOCHS = 2
 # Lines the stages printed before attnlab.console, which a `dvc repro` log must not show.
-NOISE = ("GPU available", "TPU available", "Tip:", "litlogger", "Seed set to", "Trainer.fit` stopped",
-         "val_check_interval", "Experiment with name", "Creating initial MLflow database",
-         "INFO mlflow", "alembic", "does not have many workers", "logging interval", "LeafSpec",
-         "Total params", "Downloading artifacts", "Successfully registered model", "Created version",
-         "rank 0: checkpoint", "[train][INFO]")
+NOISE = (
+    "GPU available",
+    "TPU available",
+    "Tip:",
+    "litlogger",
+    "Seed set to",
+    "Trainer.fit` stopped",
+    "val_check_interval",
+    "Experiment with name",
+    "Creating initial MLflow database",
+    "INFO mlflow",
+    "alembic",
+    "does not have many workers",
+    "logging interval",
+    "LeafSpec",
+    "Total params",
+    "Downloading artifacts",
+    "Successfully registered model",
+    "Created version",
+    "rank 0: checkpoint",
+    "[train][INFO]",
+)
 
 
 @pytest.fixture(scope="module")
@@ -47,8 +65,13 @@ def trained(tmp_path_factory):
     root = make_project(tmp_path_factory.mktemp("console"))
     # One heatmap sentence: the PNGs are not what this file is about (about 25 s less on 2 cores);
     # `++` keeps the run valid should that key move.
-    result = train(root, f"trainer.max_epochs={EPOCHS}", "trainer.enable_progress_bar=true",
-                   "++heatmaps.sentences=[0]", DVC_STAGE="train@transformer")
+    result = train(
+        root,
+        f"trainer.max_epochs={EPOCHS}",
+        "trainer.enable_progress_bar=true",
+        "++heatmaps.sentences=[0]",
+        DVC_STAGE="train@transformer",
+    )
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     return root, result
 
@@ -70,29 +93,46 @@ def test_dvc_stage_training_prints_epoch_lines_and_a_summary_that_match_mlflow(t
     run_id = run.info.run_id
     assert record["run_id"] == run_id
     # the bar-only entries stay out of MLflow: its metric names are the documented ones, and the
-    # per-head statistics of every kind, layer and head (attnlab.heads)
-    per_head = {f"{stat}/{kind}/layer{layer}/head{head}" for stat in ("entropy", "confidence")
-                for kind in ("encoder_self", "decoder_self", "encoder_decoder")
-                for layer in (1, 2) for head in range(1, 5)}
-    per_head |= {f"diagonal_offset/encoder_decoder/layer{layer}/head{head}" for layer in (1, 2) for head in range(1, 5)}
-    assert set(run.data.metrics) == {"train_loss", "val_loss", "val_bleu", "val_chrf", "tokens_per_sec",
-                                     "epoch"} | per_head
-    values = {k: [v for _, v in history(client, run_id, k)]
-              for k in ("train_loss", "val_loss", "val_bleu", "val_chrf", "tokens_per_sec")}
+    # per-head statistics of every kind, layer and head (attnlab.analysis.heads)
+    per_head = {
+        f"{stat}/{kind}/layer{layer}/head{head}"
+        for stat in ("entropy", "confidence")
+        for kind in ("encoder_self", "decoder_self", "encoder_decoder")
+        for layer in (1, 2)
+        for head in range(1, 5)
+    }
+    per_head |= {
+        f"diagonal_offset/encoder_decoder/layer{layer}/head{head}" for layer in (1, 2) for head in range(1, 5)
+    }
+    assert (
+        set(run.data.metrics)
+        == {"train_loss", "val_loss", "val_bleu", "val_chrf", "tokens_per_sec", "epoch"} | per_head
+    )
+    values = {
+        k: [v for _, v in history(client, run_id, k)]
+        for k in ("train_loss", "val_loss", "val_bleu", "val_chrf", "tokens_per_sec")
+    }
     assert all(len(v) == EPOCHS for v in values.values()), values
     best = torch.load(record["checkpoint"], map_location="cpu", weights_only=True)
     n_params = sum(p.numel() for p in load_net(record["checkpoint"], "transformer").parameters())
 
     lines = result.stdout.splitlines()
     from pytorch_lightning.utilities.model_summary import get_human_readable_count
-    assert lines[0] == (f"transformer: {get_human_readable_count(n_params).replace(' ', '')} parameters "
-                        f"on cpu, 8 steps per epoch, max_epochs {EPOCHS}")
+
+    assert lines[0] == (
+        f"transformer: {get_human_readable_count(n_params).replace(' ', '')} parameters "
+        f"on cpu, 8 steps per epoch, max_epochs {EPOCHS}"
+    )
     for epoch in range(EPOCHS):  # exactly one line per epoch, MLflow's numbers
         tl, vl, vb, vc, tps = (values[k][epoch] for k in values)
         assert re.fullmatch(
-            re.escape(f"epoch {epoch + 1}/{EPOCHS}  train_loss {tl:.4f}  val_loss {vl:.4f}  "
-                      f"val_bleu {vb:.2f}  val_chrf {vc:.2f}  tokens/s {tps:.0f}  (") + r"\d+\.\d s\)",
-            lines[1 + epoch])
+            re.escape(
+                f"epoch {epoch + 1}/{EPOCHS}  train_loss {tl:.4f}  val_loss {vl:.4f}  "
+                f"val_bleu {vb:.2f}  val_chrf {vc:.2f}  tokens/s {tps:.0f}  ("
+            )
+            + r"\d+\.\d s\)",
+            lines[1 + epoch],
+        )
 
     # The kept checkpoint is the first epoch with the lowest val_loss; its epoch (0-based) says so.
     best_epoch = values["val_loss"].index(min(values["val_loss"]))
@@ -100,7 +140,7 @@ def test_dvc_stage_training_prints_epoch_lines_and_a_summary_that_match_mlflow(t
     uri = record["tracking_uri"]
     assert uri == f"sqlite:///{root}/mlflow.db"
     page = f"http://127.0.0.1:5000/#/experiments/{run.info.experiment_id}/runs/{run_id}"
-    assert lines[1 + EPOCHS:] == [
+    assert lines[1 + EPOCHS :] == [
         f"transformer: trained {EPOCHS} epochs ({8 * EPOCHS} steps)",
         f"  best epoch : {best_epoch + 1} of {EPOCHS} (lowest val_loss)",
         f"  val_loss   : {values['val_loss'][best_epoch]:.4f}",
@@ -111,7 +151,8 @@ def test_dvc_stage_training_prints_epoch_lines_and_a_summary_that_match_mlflow(t
         f"  artifacts  : {client.get_run(run_id).info.artifact_uri}",
         f"  tracking   : {uri}",
         f"  browse     : mlflow ui --backend-store-uri {uri}",
-        f"  run page   : {page}"]
+        f"  run page   : {page}",
+    ]
     assert len(lines) <= 1 + EPOCHS + 15
 
 
@@ -123,16 +164,17 @@ def _app(script: str):
     return module
 
 
-def test_dvc_stage_evaluate_and_export_print_only_their_summaries(trained, console_state, monkeypatch,
-                                                                  capfd):
+def test_dvc_stage_evaluate_and_export_print_only_their_summaries(trained, console_state, monkeypatch, capfd):
     """The two stages' `main` in this process (no second torch/MLflow start-up), output
     captured at the file descriptors, DVC_STAGE set as `dvc repro` sets it."""
     root, _ = trained
     client = mlflow_client(root)
     (run,) = runs(client)
     run_id, uri = run.info.run_id, f"sqlite:///{root}/mlflow.db"
-    links = [f"  browse     : mlflow ui --backend-store-uri {uri}",
-             f"  run page   : http://127.0.0.1:5000/#/experiments/{run.info.experiment_id}/runs/{run_id}"]
+    links = [
+        f"  browse     : mlflow ui --backend-store-uri {uri}",
+        f"  run page   : http://127.0.0.1:5000/#/experiments/{run.info.experiment_id}/runs/{run_id}",
+    ]
     monkeypatch.setenv("DVC_STAGE", "evaluate@transformer")
     capfd.readouterr()
 
@@ -154,7 +196,8 @@ def test_dvc_stage_evaluate_and_export_print_only_their_summaries(trained, conso
         f"  metrics    : {root / 'metrics/transformer.json'}",
         f"  hypotheses : {root / 'metrics/transformer.hyp.txt'}",
         f"  MLflow run : {run_id} (logged test_bleu, test_bleu_lc, test_chrf, test_*/test_2017_flickr)",
-        *links]
+        *links,
+    ]
 
     monkeypatch.setenv("DVC_STAGE", "export@transformer")
     _app("export").main(_cfg(root))
@@ -167,8 +210,10 @@ def test_dvc_stage_evaluate_and_export_print_only_their_summaries(trained, conso
         f"  folder     : {root / 'models/transformer'}",
         "  registered : attnlab-transformer version 1 (alias champion)",
         f"  MLflow run : {run_id}",
-        f"  serve      : MLFLOW_TRACKING_URI={uri} mlflow models serve -m models:/attnlab-transformer@champion",
-        '  translate  : python src/translate.py model=transformer +text="A dog runs."']
+        f"  serve      : MLFLOW_TRACKING_URI={uri} mlflow models serve "
+        "-m models:/attnlab-transformer@champion",
+        '  translate  : python src/translate.py model=transformer +text="A dog runs."',
+    ]
 
 
 def _cfg(root, *overrides):
@@ -197,8 +242,16 @@ def test_progress_bar_shows_each_steps_loss_and_the_epochs_running_tokens_per_se
 
     screen = io.StringIO()
     bar = RichBar(console_kwargs={"file": screen, "force_terminal": True, "width": 300})
-    trainer = pl.Trainer(max_epochs=1, accelerator="cpu", devices=1, logger=False, limit_val_batches=0,
-                         enable_checkpointing=False, enable_model_summary=False, callbacks=[bar, Record()])
+    trainer = pl.Trainer(
+        max_epochs=1,
+        accelerator="cpu",
+        devices=1,
+        logger=False,
+        limit_val_batches=0,
+        enable_checkpointing=False,
+        enable_model_summary=False,
+        callbacks=[bar, Record()],
+    )
     trainer.fit(module, datamodule)
 
     assert len(seen) == 8
@@ -217,8 +270,9 @@ def test_progress_bar_shows_each_steps_loss_and_the_epochs_running_tokens_per_se
 def test_console_callbacks_bar_on_a_terminal_epoch_lines_elsewhere(trained, monkeypatch):
     """Built as train.py builds them, from conf/callbacks/default.yaml."""
     from hydra.utils import instantiate
+
     root, _ = trained
-    names = lambda cfg: [type(c).__name__ for c in instantiate(cfg.callbacks.console)]  # noqa: E731
+    names = lambda cfg: [type(c).__name__ for c in instantiate(cfg.callbacks.console)]
     monkeypatch.delenv("DVC_STAGE", raising=False)
     monkeypatch.delenv(logs.VERBOSE_ENV, raising=False)
     assert not sys.stdout.isatty()
@@ -239,8 +293,13 @@ def test_console_callbacks_bar_on_a_terminal_epoch_lines_elsewhere(trained, monk
 def console_state(monkeypatch):
     """Undo what logs.setup() changes in this process: warning filters, logger levels,
     handler filters, environment variables."""
-    for var in ("DVC_STAGE", logs.VERBOSE_ENV, "MLFLOW_LOGGING_LEVEL", "MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR",
-                "MLFLOW_TRACKING_URI"):
+    for var in (
+        "DVC_STAGE",
+        logs.VERBOSE_ENV,
+        "MLFLOW_LOGGING_LEVEL",
+        "MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR",
+        "MLFLOW_TRACKING_URI",
+    ):
         # setenv first, so that undo restores the variable's state before the test even when
         # the test (or logs.setup) sets it directly: delenv of an absent variable records nothing
         monkeypatch.setenv(var, "")
@@ -275,28 +334,41 @@ def _emit() -> list[str]:
     lightning_log.info("GPU available: False, used: False")
     lightning_log.info("💡 Tip: For seamless cloud logging and experiment tracking, try installing litlogger")
     logging.getLogger("pytorch_lightning.loggers.mlflow").warning(
-        "Experiment with name attnlab not found. Creating it.")
+        "Experiment with name attnlab not found. Creating it."
+    )
     lightning_log.warning("a real Lightning warning")
     logging.getLogger("train").info("resuming from last.ckpt (saved in epoch 2, after step 11)")
-    logging.getLogger("attnlab.lit.checkpoints").info("rank %d: checkpoint %s (exists: %s)", 0, "best.ckpt", True)
-    logging.getLogger("attnlab.lit.checkpoints").info("kept checkpoint: the mean of the weights after epochs %s",
-                                                      [5, 6, 7])
+    logging.getLogger("attnlab.lit.checkpoints").info(
+        "rank %d: checkpoint %s (exists: %s)", 0, "best.ckpt", True
+    )
+    logging.getLogger("attnlab.lit.checkpoints").info(
+        "kept checkpoint: the mean of the weights after epochs %s", [5, 6, 7]
+    )
     with warnings.catch_warnings(record=True) as caught:
-        warnings.warn("The 'train_dataloader' does not have many workers which may be a bottleneck.",
-                      PossibleUserWarning)
-        warnings.warn("training loss is nan at step 3", UserWarning)
+        warnings.warn(
+            "The 'train_dataloader' does not have many workers which may be a bottleneck.",
+            PossibleUserWarning,
+            stacklevel=2,
+        )
+        warnings.warn("training loss is nan at step 3", UserWarning, stacklevel=2)
     return [str(w.message) for w in caught]
 
 
 def test_setup_hides_known_noise_keeps_real_warnings_and_verbose_keeps_everything(console_state):
     out = console_state
-    everything = ["GPU available: False, used: False",
-                  "💡 Tip: For seamless cloud logging and experiment tracking, try installing litlogger",
-                  "Experiment with name attnlab not found. Creating it.", "a real Lightning warning",
-                  "resuming from last.ckpt (saved in epoch 2, after step 11)", "rank 0: checkpoint best.ckpt (exists: True)",
-                  "kept checkpoint: the mean of the weights after epochs [5, 6, 7]"]
-    both_warnings = ["The 'train_dataloader' does not have many workers which may be a bottleneck.",
-                     "training loss is nan at step 3"]
+    everything = [
+        "GPU available: False, used: False",
+        "💡 Tip: For seamless cloud logging and experiment tracking, try installing litlogger",
+        "Experiment with name attnlab not found. Creating it.",
+        "a real Lightning warning",
+        "resuming from last.ckpt (saved in epoch 2, after step 11)",
+        "rank 0: checkpoint best.ckpt (exists: True)",
+        "kept checkpoint: the mean of the weights after epochs [5, 6, 7]",
+    ]
+    both_warnings = [
+        "The 'train_dataloader' does not have many workers which may be a bottleneck.",
+        "training loss is nan at step 3",
+    ]
 
     os.environ["DVC_STAGE"] = "train@transformer"
     os.environ[logs.VERBOSE_ENV] = "1"
@@ -310,36 +382,46 @@ def test_setup_hides_known_noise_keeps_real_warnings_and_verbose_keeps_everythin
     logs.setup()  # under `dvc repro`
     assert os.environ["MLFLOW_LOGGING_LEVEL"] == "WARNING"
     assert _emit() == ["training loss is nan at step 3"]
-    assert out.getvalue().splitlines() == ["a real Lightning warning",
-                                           "resuming from last.ckpt (saved in epoch 2, after step 11)"]
+    assert out.getvalue().splitlines() == [
+        "a real Lightning warning",
+        "resuming from last.ckpt (saved in epoch 2, after step 11)",
+    ]
 
 
 def test_setup_outside_dvc_hides_only_the_noise(console_state):
     out = console_state
     logs.setup()
     assert _emit() == ["training loss is nan at step 3"]
-    assert out.getvalue().splitlines() == ["GPU available: False, used: False", "a real Lightning warning",
-                                           "resuming from last.ckpt (saved in epoch 2, after step 11)",
-                                           "rank 0: checkpoint best.ckpt (exists: True)",
-                                           "kept checkpoint: the mean of the weights after epochs [5, 6, 7]"]
+    assert out.getvalue().splitlines() == [
+        "GPU available: False, used: False",
+        "a real Lightning warning",
+        "resuming from last.ckpt (saved in epoch 2, after step 11)",
+        "rank 0: checkpoint best.ckpt (exists: True)",
+        "kept checkpoint: the mean of the weights after epochs [5, 6, 7]",
+    ]
 
 
 def test_block_aligns_keys_and_mlflow_links_name_the_ui():
     assert summaries.block("t", [("a", 1), ("long key", "x"), ("skipped", None)], ["note"]) == (
-        "t\n  a        : 1\n  long key : x\nnote")
+        "t\n  a        : 1\n  long key : x\nnote"
+    )
     assert mlflow_links("sqlite:////p/mlflow.db", "3", "abc") == [
         ("browse", "mlflow ui --backend-store-uri sqlite:////p/mlflow.db"),
-        ("run page", "http://127.0.0.1:5000/#/experiments/3/runs/abc")]
+        ("run page", "http://127.0.0.1:5000/#/experiments/3/runs/abc"),
+    ]
     assert mlflow_links("http://h:5000/", "3", "abc") == [
-        ("run page", "http://h:5000/#/experiments/3/runs/abc")]
+        ("run page", "http://h:5000/#/experiments/3/runs/abc")
+    ]
 
 
 def test_importing_the_console_does_not_import_lightning():
     """download and tokenize use the console; Lightning (seconds to import) comes with
     attnlab.lit.progress, which only train imports."""
-    code = ("import sys, attnlab.console.logs, attnlab.console.summaries, attnlab.console.runs, "
-            "attnlab.console.epoch_table; "
-            "print(sorted(m for m in sys.modules if m.split('.')[0] in ('lightning', 'pytorch_lightning')))")
+    code = (
+        "import sys, attnlab.console.logs, attnlab.console.summaries, attnlab.console.runs, "
+        "attnlab.console.epoch_table; "
+        "print(sorted(m for m in sys.modules if m.split('.')[0] in ('lightning', 'pytorch_lightning')))"
+    )
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert result.stdout == "[]\n"
 
@@ -349,9 +431,9 @@ import logging, sys
 logging.basicConfig(stream=sys.stderr, level=logging.INFO)   # a root handler, as Hydra's
 from attnlab.console import logs
 logs.setup()
-from omegaconf import OmegaConf
-from attnlab.lit.device import single_device   # imports Lightning now, as evaluate does
-print(single_device(OmegaConf.create({"accelerator": "cpu"})))
+import pytorch_lightning as pl   # imported after the console setup, as train does
+trainer = pl.Trainer(accelerator="cpu", devices=1, logger=False, enable_checkpointing=False)
+print(trainer.strategy.root_device)
 """
 
 
@@ -362,7 +444,13 @@ def test_lightning_imported_after_setup_stays_quiet_under_dvc(stage):
     env = {k: v for k, v in os.environ.items() if k not in ("DVC_STAGE", logs.VERBOSE_ENV)}
     if stage:
         env["DVC_STAGE"] = stage
-    result = subprocess.run([sys.executable, "-c", _IMPORT_AFTER_SETUP], capture_output=True, text=True,
-                            env=env, check=True, timeout=120)
+    result = subprocess.run(
+        [sys.executable, "-c", _IMPORT_AFTER_SETUP],
+        capture_output=True,
+        text=True,
+        env=env,
+        check=True,
+        timeout=120,
+    )
     assert result.stdout == "cpu\n"
     assert ("GPU available: False, used: False" in result.stderr) is (stage is None), result.stderr

@@ -11,7 +11,7 @@ Models, all on the sentencepiece vocabulary (≤ 120 pieces) of the 48 pairs of 
   step (stripped: every translation is []); the rescaled one emits real tokens up to the
   length cap, and the untied one emits varied tokens, <pad> among them, often up to the cap.
 
-Greedy: the CTranslate2 float32 ids must equal :func:`attnlab.decoding.translate`'s
+Greedy: the CTranslate2 float32 ids must equal :func:`attnlab.inference.decoding.translate`'s
 (beam_size=1) for every sentence, alone and in one batch. For the learned model exactly.
 For the random models a different float summation order (CTranslate2's GEMMs vs torch's) may
 flip an arg-max between two logits that are nearly tied; a sentence that differs is
@@ -26,6 +26,7 @@ suits a small corpus (on 48 sentences one changed token moves BLEU by more than 
 odd sentences are out of domain, where the tiny model is unsure and int8 rounding flips
 choices more often (measured: 10 of 14 identical); they are reported, not asserted.
 """
+
 import json
 import time
 
@@ -34,21 +35,37 @@ import sacrebleu
 import torch
 
 from attnlab.data.tokenizer import BOS_ID, EOS_ID, PAD_ID, train_sentencepiece
-from attnlab.decoding import greedy_decode, max_output_len, translate
-from attnlab.export.ctranslate2 import (QUANTIZATIONS, CTranslate2Translator,
-                                        ctranslate2_length_penalty, export_ctranslate2)
+from attnlab.export.ctranslate2 import (
+    QUANTIZATIONS,
+    CTranslate2Translator,
+    ctranslate2_length_penalty,
+    export_ctranslate2,
+)
+from attnlab.inference.decoding import greedy_decode, max_output_len, translate
 from attnlab.models.bahdanau import Bahdanau
 from attnlab.models.transformer import Transformer
-from serve_harness import PAIRS, learned_transformer
+from helpers.serve_harness import PAIRS, learned_transformer
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 SOURCES = [en for en, _ in PAIRS]
 REFERENCES = [fr for _, fr in PAIRS]
-ODD = ['He said "hello", then left.', "«Bonjour», dit-il, « ça va ? »", "a, b, c; d: e!",
-       "naïve café — déjà vu… ½ ﬁ", "日本語のテキスト", "🙂 A dog 👍🏽 sees the sea.",
-       "A\u00a0man\u2009sees\u202fthe sea.", "ZERO\u200bWIDTH and\u00adsoft",
-       "Ελληνικά, русский", "'single' `back` \\slash\\", "", "   ", "\u200b", "\t\n"]
+ODD = [
+    'He said "hello", then left.',
+    "«Bonjour», dit-il, « ça va ? »",
+    "a, b, c; d: e!",
+    "naïve café — déjà vu… ½ ﬁ",
+    "日本語のテキスト",
+    "🙂 A dog 👍🏽 sees the sea.",
+    "A\u00a0man\u2009sees\u202fthe sea.",
+    "ZERO\u200bWIDTH and\u00adsoft",
+    "Ελληνικά, русский",
+    "'single' `back` \\slash\\",
+    "",
+    "   ",
+    "\u200b",
+    "\t\n",
+]
 ALL = SOURCES + ODD
 
 
@@ -120,8 +137,9 @@ def teacher_forced_log_probs(net, src_ids, tgt_ids):
 
 def ct2_log_probs(tr, src_ids, tgt_ids):
     """CTranslate2's log P of the same tokens (score_batch appends </s> to both sides)."""
-    res = tr.translator.score_batch([[tr.pieces[i] for i in src_ids]],
-                                    [[tr.pieces[i] for i in tgt_ids]], max_input_length=0)[0]
+    res = tr.translator.score_batch(
+        [[tr.pieces[i] for i in src_ids]], [[tr.pieces[i] for i in tgt_ids]], max_input_length=0
+    )[0]
     assert res.tokens[-1] == tr.pieces[EOS_ID]
     return torch.tensor(res.log_probs)
 
@@ -141,9 +159,11 @@ def assert_equal_or_near_tie(net, sp, sentences, ref, got, label):
     differing = [i for i, (a, b) in enumerate(zip(ref, got)) if a != b]
     for i in differing:
         margin = float(greedy_margins(net, sp, sentences[i]).min())
-        assert margin < 1e-3, (f"{label}: sentence {i} {sentences[i]!r} differs without a near "
-                               f"tie (smallest top-2 margin {margin:.2e}): attnlab {ref[i]}, "
-                               f"CTranslate2 {got[i]}")
+        assert margin < 1e-3, (
+            f"{label}: sentence {i} {sentences[i]!r} differs without a near "
+            f"tie (smallest top-2 margin {margin:.2e}): attnlab {ref[i]}, "
+            f"CTranslate2 {got[i]}"
+        )
     return len(differing)
 
 
@@ -151,8 +171,9 @@ def test_export_writes_an_atomic_self_contained_folder(learned_dirs, learned, sp
     dirs, seconds = learned_dirs
     for q, d in dirs.items():
         names = {p.name for p in d.iterdir()}
-        assert {"model.bin", "config.json", "shared_vocabulary.json", "spm.model",
-                "attnlab.json"} <= names, names
+        assert {"model.bin", "config.json", "shared_vocabulary.json", "spm.model", "attnlab.json"} <= names, (
+            names
+        )
         assert not [p for p in d.parent.iterdir() if p.name.startswith(".")], "staging left behind"
         meta = json.loads((d / "attnlab.json").read_text())
         assert meta["quantization"] == q and meta["max_positions"] == 512
@@ -190,28 +211,34 @@ def test_learned_float32_greedy_equals_attnlab_exactly(learned_dirs, learned, sp
     # The model learned the pairs: the greedy text is the reference French.
     assert tr.translate_text(SOURCES) == REFERENCES
     assert [ids for s, ids in zip(ALL, batch) if not s.strip() or s == "\u200b"] == [[]] * 4
-    print(f"\nlearned float32 greedy: {len(ALL)}/{len(ALL)} equal; attnlab {torch_s:.3f} s, "
-          f"CTranslate2 {ct2_s:.3f} s for {len(ALL)} sentences")
+    print(
+        f"\nlearned float32 greedy: {len(ALL)}/{len(ALL)} equal; attnlab {torch_s:.3f} s, "
+        f"CTranslate2 {ct2_s:.3f} s for {len(ALL)} sentences"
+    )
 
 
 @pytest.mark.parametrize("kind", ["tied", "tied-rescaled", "untied"])
 def test_random_float32_greedy_equals_attnlab(sp, spm_path, tmp_path, kind):
     net = random_transformer(sp, kind)
-    tr = CTranslate2Translator(export_ctranslate2(net, spm_path, tmp_path / "m"), sp,
-                               intra_threads=1)
+    tr = CTranslate2Translator(export_ctranslate2(net, spm_path, tmp_path / "m"), sp, intra_threads=1)
     ref = attnlab_greedy(net, sp, ALL)
     batch = tr.translate(ALL)
     alone = [tr.translate([s])[0] for s in ALL]
     n_batch = assert_equal_or_near_tie(net, sp, ALL, ref, batch, f"{kind}, batch")
     n_alone = assert_equal_or_near_tie(net, sp, ALL, ref, alone, f"{kind}, alone")
-    print(f"\n{kind}: greedy equal {len(ALL) - n_batch}/{len(ALL)} in one batch, "
-          f"{len(ALL) - n_alone}/{len(ALL)} alone (differences only at near ties)")
+    print(
+        f"\n{kind}: greedy equal {len(ALL) - n_batch}/{len(ALL)} in one batch, "
+        f"{len(ALL) - n_alone}/{len(ALL)} alone (differences only at near ties)"
+    )
     # The whole network, teacher-forced on the reference French: same log-probabilities.
     for en, fr in PAIRS[:8]:
         src_ids, tgt_ids = sp.encode(en), sp.encode(fr)
-        torch.testing.assert_close(ct2_log_probs(tr, src_ids, tgt_ids),
-                                   teacher_forced_log_probs(net, src_ids, tgt_ids),
-                                   atol=1e-4, rtol=0)
+        torch.testing.assert_close(
+            ct2_log_probs(tr, src_ids, tgt_ids),
+            teacher_forced_log_probs(net, src_ids, tgt_ids),
+            atol=1e-4,
+            rtol=0,
+        )
     src, valid = sp.encode_sources(SOURCES)
     raw = greedy_decode(net.init_state, net.step, src, valid, max_output_len(valid))
     hit_cap = int(((raw == EOS_ID).sum(1) == 0).sum())
@@ -226,17 +253,24 @@ def test_random_float32_greedy_equals_attnlab(sp, spm_path, tmp_path, kind):
 
 def test_head_mask_is_folded_into_the_output_projection(sp, spm_path, tmp_path):
     net = random_transformer(sp, "untied")
-    net.set_head_mask({"encoder_self": torch.tensor([[1.0, 0.0, 1.0, 1.0], [1.0, 1.0, 0.0, 0.5]]),
-                       "encoder_decoder": torch.tensor([[0.0, 1.0, 1.0, 1.0], [1.0, 1.0, 1.0, 0.0]])})
-    tr = CTranslate2Translator(export_ctranslate2(net, spm_path, tmp_path / "m"), sp,
-                               intra_threads=1)
+    net.set_head_mask(
+        {
+            "encoder_self": torch.tensor([[1.0, 0.0, 1.0, 1.0], [1.0, 1.0, 0.0, 0.5]]),
+            "encoder_decoder": torch.tensor([[0.0, 1.0, 1.0, 1.0], [1.0, 1.0, 1.0, 0.0]]),
+        }
+    )
+    tr = CTranslate2Translator(export_ctranslate2(net, spm_path, tmp_path / "m"), sp, intra_threads=1)
     for en, fr in PAIRS[:4]:
         src_ids, tgt_ids = sp.encode(en), sp.encode(fr)
-        torch.testing.assert_close(ct2_log_probs(tr, src_ids, tgt_ids),
-                                   teacher_forced_log_probs(net, src_ids, tgt_ids),
-                                   atol=1e-4, rtol=0)
-    n = assert_equal_or_near_tie(net, sp, SOURCES, attnlab_greedy(net, sp, SOURCES),
-                                 tr.translate(SOURCES), "head-masked")
+        torch.testing.assert_close(
+            ct2_log_probs(tr, src_ids, tgt_ids),
+            teacher_forced_log_probs(net, src_ids, tgt_ids),
+            atol=1e-4,
+            rtol=0,
+        )
+    n = assert_equal_or_near_tie(
+        net, sp, SOURCES, attnlab_greedy(net, sp, SOURCES), tr.translate(SOURCES), "head-masked"
+    )
     print(f"\nhead-masked untied: greedy equal {len(SOURCES) - n}/{len(SOURCES)}")
     # the net itself is untouched by the export
     assert net.encoder_blocks[0].attention.head_mask is not None
@@ -255,8 +289,10 @@ def test_int8_greedy_is_close_to_float32(learned_dirs, sp):
     same = sum(a == b for a, b in zip(f[:n], q[:n]))
     same_odd = sum(a == b for a, b in zip(f[n:], q[n:]))
     bleu = [sacrebleu.corpus_bleu(out[:n], [REFERENCES]).score for out in (f, q)]
-    print(f"\nint8 vs float32 greedy: {same}/{n} in-domain and {same_odd}/{len(ODD)} odd "
-          f"sentences identical; BLEU float32 {bleu[0]:.1f}, int8 {bleu[1]:.1f} ({int8_s:.3f} s)")
+    print(
+        f"\nint8 vs float32 greedy: {same}/{n} in-domain and {same_odd}/{len(ODD)} odd "
+        f"sentences identical; BLEU float32 {bleu[0]:.1f}, int8 {bleu[1]:.1f} ({int8_s:.3f} s)"
+    )
     assert same >= 0.9 * n, [(s, a, b) for s, a, b in zip(SOURCES, f, q) if a != b]
 
 
@@ -276,8 +312,10 @@ def test_beam5_returns_well_formed_ids(learned_dirs, learned, sp, alpha):
     # CTranslate2Translator), but the learned model is confident: measured 48/48.
     ref = translate(learned.init_state, learned.step, sp, SOURCES, beam_size=5, alpha=alpha)
     same = sum(a == b for a, b in zip(ref, got))
-    print(f"\nbeam 5, alpha {alpha}: {same}/{len(SOURCES)} equal to attnlab's beam search, "
-          f"{seconds:.3f} s for {len(ALL)} sentences")
+    print(
+        f"\nbeam 5, alpha {alpha}: {same}/{len(SOURCES)} equal to attnlab's beam search, "
+        f"{seconds:.3f} s for {len(ALL)} sentences"
+    )
     assert same >= 0.9 * len(SOURCES)
 
 
@@ -315,6 +353,7 @@ def test_what_cannot_be_exported_or_decoded(sp, spm_path, learned_dirs, tmp_path
 
 # --- the export folder's engines: Translator, translate.py, the served model -----------------
 
+
 @pytest.fixture(scope="module")
 def engine_exports(learned, spm_path, tmp_path_factory):
     """Export folders (attnlab.export.trace) of the learned Transformer and of a Bahdanau, both
@@ -323,14 +362,16 @@ def engine_exports(learned, spm_path, tmp_path_factory):
 
     tmp = tmp_path_factory.mktemp("ct2_engines")
     facts = {"decoding": {"beam_size": 3, "alpha": 1.0}}
-    return {name: export_translation(net, spm_path, tmp / name, {"model": name, **facts}, 200,
-                                     ctranslate2=list(QUANTIZATIONS))
-            for name, net in [("transformer", learned),
-                              ("bahdanau", Bahdanau(120, 16, 16).eval())]}
+    return {
+        name: export_translation(
+            net, spm_path, tmp / name, {"model": name, **facts}, 200, ctranslate2=list(QUANTIZATIONS)
+        )
+        for name, net in [("transformer", learned), ("bahdanau", Bahdanau(120, 16, 16).eval())]
+    }
 
 
 def test_the_export_folder_holds_each_engine_a_model_can_run(engine_exports):
-    from attnlab.export.translator import Translator
+    from attnlab.serving.translator import Translator
 
     transformer = Translator(engine_exports["transformer"])
     assert transformer.engines == ["torch", "ctranslate2", "ctranslate2_int8"]
@@ -341,9 +382,8 @@ def test_the_export_folder_holds_each_engine_a_model_can_run(engine_exports):
     assert bahdanau.engines == ["torch"] and not (engine_exports["bahdanau"] / "ctranslate2").exists()
 
 
-def test_translator_engines_greedy_equal_torch_and_unknown_engines_name_the_choice(
-        engine_exports, sp):
-    from attnlab.export.translator import Translator, UnknownEngineError
+def test_translator_engines_greedy_equal_torch_and_unknown_engines_name_the_choice(engine_exports, sp):
+    from attnlab.serving.translator import Translator, UnknownEngineError
 
     folder = engine_exports["transformer"]
     torch_greedy = Translator(folder, beam_size=1)(ALL)
@@ -351,10 +391,14 @@ def test_translator_engines_greedy_equal_torch_and_unknown_engines_name_the_choi
     int8 = Translator(folder, beam_size=1, engine="ctranslate2_int8")(SOURCES)
     assert sum(a == b for a, b in zip(int8, torch_greedy)) >= 0.9 * len(SOURCES)
     served = Translator(folder)  # beam 3, torch by default; the engine per request
-    assert served.serve(SOURCES[:4], engine="ctranslate2") == \
-        Translator(folder, engine="ctranslate2")(SOURCES[:4])
-    with pytest.raises(UnknownEngineError, match=r"'onnx' is not an engine; this model has "
-                                                 r"torch, ctranslate2, ctranslate2_int8"):
+    assert served.serve(SOURCES[:4], engine="ctranslate2") == Translator(folder, engine="ctranslate2")(
+        SOURCES[:4]
+    )
+    with pytest.raises(
+        UnknownEngineError,
+        match=r"'onnx' is not an engine; this model has "
+        r"torch, ctranslate2, ctranslate2_int8",
+    ):
         served.serve(SOURCES[:1], engine="onnx")
     with pytest.raises(UnknownEngineError, match=r"'ctranslate2' is not in this export.*has torch$"):
         Translator(engine_exports["bahdanau"], engine="ctranslate2")

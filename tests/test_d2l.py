@@ -4,6 +4,7 @@ Known values are the book's printed outputs (D2L 10.5: the preprocessed text,
 the first six token lists, ``data.build(['hi .'], ['salut .'])``) and
 hand-worked examples of its rules.
 """
+
 import json
 import os
 import subprocess
@@ -42,15 +43,28 @@ def test_preprocess_rules_by_hand():
 def test_preprocessed_corpus_starts_as_printed_in_d2l(fra_text):
     # D2L 10.5.1 prints text[:80] of the preprocessed corpus
     assert d2l.preprocess(fra_text)[:80] == (
-        "go .\tva !\nhi .\tsalut !\nrun !\tcours !\nrun !\tcourez !\nwho ?\tqui ?\nwow !\tça alors !")
+        "go .\tva !\nhi .\tsalut !\nrun !\tcours !\nrun !\tcourez !\nwho ?\tqui ?\nwow !\tça alors !"
+    )
 
 
 def test_first_token_lists_are_d2ls(fra_text):
     src, tgt = d2l.tokenize(d2l.preprocess(fra_text))
-    assert src[:6] == [["go", ".", "<eos>"], ["hi", ".", "<eos>"], ["run", "!", "<eos>"],
-                       ["run", "!", "<eos>"], ["who", "?", "<eos>"], ["wow", "!", "<eos>"]]
-    assert tgt[:6] == [["va", "!", "<eos>"], ["salut", "!", "<eos>"], ["cours", "!", "<eos>"],
-                       ["courez", "!", "<eos>"], ["qui", "?", "<eos>"], ["ça", "alors", "!", "<eos>"]]
+    assert src[:6] == [
+        ["go", ".", "<eos>"],
+        ["hi", ".", "<eos>"],
+        ["run", "!", "<eos>"],
+        ["run", "!", "<eos>"],
+        ["who", "?", "<eos>"],
+        ["wow", "!", "<eos>"],
+    ]
+    assert tgt[:6] == [
+        ["va", "!", "<eos>"],
+        ["salut", "!", "<eos>"],
+        ["cours", "!", "<eos>"],
+        ["courez", "!", "<eos>"],
+        ["qui", "?", "<eos>"],
+        ["ça", "alors", "!", "<eos>"],
+    ]
 
 
 def test_max_examples_reads_one_line_more_and_skips_malformed_lines():
@@ -77,8 +91,13 @@ def test_vocab_min_freq_sorted_words_after_specials():
 def test_build_arrays_by_hand():
     src_v = d2l.Vocab(tokens=[*d2l.SPECIALS, "go", "."])
     tgt_v = d2l.Vocab(tokens=[*d2l.SPECIALS, "!", "va"])
-    a = d2l.build_arrays([["go", ".", "<eos>"], list("xxxxx")], [["va", "!", "<eos>"], ["va"] * 6],
-                         num_steps=4, src_vocab=src_v, tgt_vocab=tgt_v)
+    a = d2l.build_arrays(
+        [["go", ".", "<eos>"], list("xxxxx")],
+        [["va", "!", "<eos>"], ["va"] * 6],
+        num_steps=4,
+        src_vocab=src_v,
+        tgt_vocab=tgt_v,
+    )
     assert a["src"].tolist() == [[4, 5, EOS_ID, PAD_ID], [UNK_ID] * 4]
     assert a["src_valid_lens"].tolist() == [3, 4]
     assert a["tgt_in"].tolist() == [[BOS_ID, 5, 4, EOS_ID], [BOS_ID, 5, 5, 5]]
@@ -101,6 +120,7 @@ def test_mt_fra_eng_has_d2ls_example_count_and_shapes(mt):
 def test_vocabularies_hold_exactly_the_tokens_seen_twice(mt):
     _, _, tok, (src, tgt) = mt
     from collections import Counter
+
     for vocab, seqs, extra in ((tok.src_vocab, src, []), (tok.tgt_vocab, tgt, ["<bos>"])):
         counts = Counter(t for s in seqs for t in extra + d2l.pad_or_trim(s, 9))
         expected = {t for t, n in counts.items() if n >= 2} | set(d2l.SPECIALS)
@@ -113,8 +133,10 @@ def test_build_matches_d2ls_printed_example(mt):
     _, _, tok, _ = mt
     a = d2l.build_arrays([["hi", ".", "<eos>"]], [["salut", ".", "<eos>"]], 9, tok.src_vocab, tok.tgt_vocab)
     assert tok.src_vocab.to_tokens(a["src"][0]) == ["hi", ".", "<eos>"] + ["<pad>"] * 6
-    assert tok.tgt_vocab.to_tokens(torch.cat([a["tgt_in"][0], a["tgt_out"][0, -1:]])) == \
-        ["<bos>", "salut", ".", "<eos>"] + ["<pad>"] * 6
+    assert (
+        tok.tgt_vocab.to_tokens(torch.cat([a["tgt_in"][0], a["tgt_out"][0, -1:]]))
+        == ["<bos>", "salut", ".", "<eos>"] + ["<pad>"] * 6
+    )
     src, valid = tok.encode_sources(["Hi."])  # the same through the pipeline's entry point
     assert torch.equal(src, a["src"]) and valid.tolist() == [3]
 
@@ -127,9 +149,11 @@ def test_d2l_encode_sources_by_hand():
     assert tok.fixed_length is True and tok.source_vocab_size() == 8 and tok.source_id_to_piece(7) == "hi"
     src, valid = tok.encode_sources(["Hi.", "Go away!", "hi hi hi hi hi hi"])
     assert src.dtype == valid.dtype == torch.int64
-    assert src.tolist() == [[7, 5, EOS_ID, PAD_ID, PAD_ID],  # "hi ." <eos>
-                            [6, UNK_ID, 4, EOS_ID, PAD_ID],  # "go away !" <eos>
-                            [7, 7, 7, 7, 7]]                 # trimmed: its <eos> cut off
+    assert src.tolist() == [
+        [7, 5, EOS_ID, PAD_ID, PAD_ID],  # "hi ." <eos>
+        [6, UNK_ID, 4, EOS_ID, PAD_ID],  # "go away !" <eos>
+        [7, 7, 7, 7, 7],
+    ]  # trimmed: its <eos> cut off
     assert valid.tolist() == [3, 4, 5]
     for i, sentence in enumerate(["Hi.", "Go away!", "hi hi hi hi hi hi"]):  # alone as in the batch
         one, n = tok.encode_sources([sentence])
@@ -144,7 +168,9 @@ def test_tokenizer_round_trip_and_datamodule(mt, tmp_path):
     loaded = load_tokenizer(tmp_path)
     assert loaded.src_vocab.idx_to_token == tok.src_vocab.idx_to_token
     assert loaded.tgt_vocab.idx_to_token == tok.tgt_vocab.idx_to_token and loaded.num_steps == 9
-    assert loaded.decode(tok.tgt_vocab.ids(["je", "suis", "chez", "moi", ".", "<eos>"])) == "je suis chez moi ."
+    assert (
+        loaded.decode(tok.tgt_vocab.ids(["je", "suis", "chez", "moi", ".", "<eos>"])) == "je suis chez moi ."
+    )
     assert loaded.decode([BOS_ID, UNK_ID, tok.tgt_vocab["."], EOS_ID, PAD_ID]) == "<unk> ."
     dm = TranslationDataModule(tmp_path, batch_size=128, seed=0)
     assert dm.fixed_length and (dm.vocab_size, dm.src_vocab_size) == (len(tok.tgt_vocab), len(tok.src_vocab))
@@ -158,10 +184,12 @@ def test_tokenizer_round_trip_and_datamodule(mt, tmp_path):
 
 def test_tied_embeddings_need_a_joint_vocabulary():
     from attnlab.models.transformer import Transformer
+
     with pytest.raises(ValueError, match="tie_embeddings=false"):
         Transformer(20, d_model=8, num_heads=2, num_layers=1, ffn_hidden=8, src_vocab_size=10)
-    net = Transformer(20, d_model=8, num_heads=2, num_layers=1, ffn_hidden=8, src_vocab_size=10,
-                      tie_embeddings=False)
+    net = Transformer(
+        20, d_model=8, num_heads=2, num_layers=1, ffn_hidden=8, src_vocab_size=10, tie_embeddings=False
+    )
     assert net.src_embedding.num_embeddings == 10 and net.output.out_features == 20
 
 
@@ -172,11 +200,20 @@ def test_reproduce_d2l_script_matches_the_books_results(fra_eng_zip, tmp_path):
     raw = tmp_path / "data" / "raw"
     raw.mkdir(parents=True)
     os.symlink(fra_eng_zip, raw / "fra-eng.zip")
-    env = {**os.environ, "PYTHON": sys.executable,
-           "MLFLOW_TRACKING_URI": f"sqlite:///{tmp_path}/mlflow.db"}
-    r = subprocess.run(["scripts/reproduce_d2l.sh", f"paths.root={tmp_path}", "heatmaps.sentences=[0]",
-                        f"hydra.run.dir={tmp_path}/outputs"],
-                       cwd=ROOT, env=env, capture_output=True, text=True, timeout=1200)
+    env = {**os.environ, "PYTHON": sys.executable, "MLFLOW_TRACKING_URI": f"sqlite:///{tmp_path}/mlflow.db"}
+    r = subprocess.run(
+        [
+            "scripts/reproduce_d2l.sh",
+            f"paths.root={tmp_path}",
+            "heatmaps.sentences=[0]",
+            f"hydra.run.dir={tmp_path}/outputs",
+        ],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=1200,
+    )
     print(r.stdout)
     assert r.returncode == 0, r.stderr[-3000:]
     for model in ("bahdanau", "transformer"):

@@ -1,4 +1,5 @@
 """Data stages: download (checksums, atomic writes), corpus readers, sentencepiece, batching."""
+
 import gzip
 import hashlib
 import os
@@ -12,12 +13,19 @@ import torch
 from attnlab.data.batching import BucketBatchSampler, PairDataset, collate
 from attnlab.data.corpora import CorpusError, normalize, read_fra_eng, read_lines, read_parallel
 from attnlab.data.download import DownloadError, fetch
-from attnlab.data.tokenizer import (BOS_ID, EOS_ID, PAD_ID, UNK_ID, encode_split, load_split,
-                                    train_sentencepiece)
-from corpus_fixture import sentences, write_mirror
-
+from attnlab.data.tokenizer import (
+    BOS_ID,
+    EOS_ID,
+    PAD_ID,
+    UNK_ID,
+    encode_split,
+    load_split,
+    train_sentencepiece,
+)
+from helpers.corpus_fixture import sentences, write_mirror
 
 # --- download -----------------------------------------------------------------
+
 
 def _digest(data: bytes) -> str:
     return hashlib.sha256(data).hexdigest()
@@ -81,14 +89,20 @@ def test_offline_without_mirror_names_url_and_variable(tmp_path):
 def test_mirror_is_used_and_missing_mirror_file_is_named(tmp_path):
     mirror = tmp_path / "mirror"
     digests = write_mirror(mirror)
-    out = fetch("fra-eng.zip", "http://unused.invalid/", {"sha256": [digests["fra-eng.zip"]]},
-                tmp_path / "raw", mirror=str(mirror))
+    out = fetch(
+        "fra-eng.zip",
+        "http://unused.invalid/",
+        {"sha256": [digests["fra-eng.zip"]]},
+        tmp_path / "raw",
+        mirror=str(mirror),
+    )
     assert out.downloaded and out.path.read_bytes() == (mirror / "fra-eng.zip").read_bytes()
     with pytest.raises(DownloadError, match="nope.gz not found in the mirror"):
         fetch("nope.gz", "http://unused.invalid/", {"sha256": ["0"]}, tmp_path / "raw", mirror=str(mirror))
 
 
 # --- corpus readers -----------------------------------------------------------
+
 
 def test_normalize_maps_no_break_spaces_and_strips():
     assert normalize("  Va\u202f!  ") == "Va !"
@@ -126,6 +140,7 @@ def test_fra_eng_reader_rejects_other_languages(tmp_path):
 
 # --- sentencepiece ------------------------------------------------------------
 
+
 @pytest.fixture(scope="module")
 def sp(tmp_path_factory):
     text = [s for e, f, _ in sentences() for s in (e, f)]
@@ -162,17 +177,33 @@ def test_the_same_sentences_give_the_same_model_bytes_in_any_folder(tmp_path):
     assert (proto.trainer_spec.model_prefix, list(proto.trainer_spec.input)) == ("", [])
     assert str(tmp_path).encode() not in model
     assert sorted(p.name for p in tmp_path.rglob("*") if p.is_file()) == [
-        "spm.model", "spm.vocab", "tok.model", "tok.vocab"]  # no temporary file left
+        "spm.model",
+        "spm.vocab",
+        "tok.model",
+        "tok.vocab",
+    ]  # no temporary file left
     # sentencepiece's own files, trained to a prefix with the same settings: the same pieces,
     # and the same .vocab to the byte
     import sentencepiece as spm
 
     spm.SentencePieceTrainer.train(
-        sentence_iterator=iter(text), model_prefix=str(tmp_path / "own"), vocab_size=120,
-        model_type="bpe", character_coverage=1.0, pad_id=PAD_ID, unk_id=UNK_ID, bos_id=BOS_ID,
-        eos_id=EOS_ID, hard_vocab_limit=False, seed_sentencepiece_size=1_000_000, minloglevel=2)
+        sentence_iterator=iter(text),
+        model_prefix=str(tmp_path / "own"),
+        vocab_size=120,
+        model_type="bpe",
+        character_coverage=1.0,
+        pad_id=PAD_ID,
+        unk_id=UNK_ID,
+        bos_id=BOS_ID,
+        eos_id=EOS_ID,
+        hard_vocab_limit=False,
+        seed_sentencepiece_size=1_000_000,
+        minloglevel=2,
+    )
     own = sentencepiece_model_pb2.ModelProto.FromString((tmp_path / "own.model").read_bytes())
-    assert [(p.piece, p.score, p.type) for p in proto.pieces] == [(p.piece, p.score, p.type) for p in own.pieces]
+    assert [(p.piece, p.score, p.type) for p in proto.pieces] == [
+        (p.piece, p.score, p.type) for p in own.pieces
+    ]
     assert (tmp_path / "a/spm.vocab").read_bytes() == (tmp_path / "own.vocab").read_bytes()
     assert own.trainer_spec.model_prefix == str(tmp_path / "own")  # what ours leaves out
 
@@ -181,7 +212,7 @@ def test_the_model_bytes_do_not_depend_on_the_machines_cores(tmp_path, monkeypat
     text = [s for e, f, _ in sentences() for s in (e, f)]
     models = []
     for cores in (1, 2, 16):
-        monkeypatch.setattr(os, "cpu_count", lambda: cores)
+        monkeypatch.setattr(os, "cpu_count", lambda cores=cores: cores)
         train_sentencepiece(text, tmp_path / str(cores) / "spm", vocab_size=120)
         models.append((tmp_path / str(cores) / "spm.model").read_bytes())
     assert models[0] == models[1] == models[2]
@@ -214,7 +245,7 @@ def test_a_sentence_alone_is_encoded_as_in_any_batch(sp):
     for i, sentence in enumerate(batch):
         one, n = sp.encode_sources([sentence])
         assert one.shape == (1, int(n[0])) and n.tolist() == [int(valid[i])]
-        assert torch.equal(src[i, :int(n[0])], one[0]) and bool((src[i, int(n[0]):] == PAD_ID).all())
+        assert torch.equal(src[i, : int(n[0])], one[0]) and bool((src[i, int(n[0]) :] == PAD_ID).all())
 
 
 def test_sentencepiece_tokenizer_has_the_shared_interface_and_pickles(sp, tmp_path):
@@ -241,11 +272,15 @@ def test_sentencepiece_tokenizer_has_the_shared_interface_and_pickles(sp, tmp_pa
     assert len(dm.dataset("val")) == 8
 
 
-@pytest.mark.parametrize("corpus, function", [
-    ("multi30k", "attnlab.data.tokenizer.tokenize_sentencepiece"),
-    ("fra_eng", "attnlab.data.tokenizer.tokenize_sentencepiece"),
-    ("fra_eng_d2l", "attnlab.data.d2l.tokenize_d2l"),
-    ("synthetic", None)])
+@pytest.mark.parametrize(
+    "corpus, function",
+    [
+        ("multi30k", "attnlab.data.tokenizer.tokenize_sentencepiece"),
+        ("fra_eng", "attnlab.data.tokenizer.tokenize_sentencepiece"),
+        ("fra_eng_d2l", "attnlab.data.d2l.tokenize_d2l"),
+        ("synthetic", None),
+    ],
+)
 def test_each_data_config_names_the_function_that_tokenizes_it(corpus, function):
     from hydra import compose, initialize_config_dir
     from hydra.utils import get_method
@@ -257,8 +292,10 @@ def test_each_data_config_names_the_function_that_tokenizes_it(corpus, function)
         cfg = compose(config_name="config", overrides=[f"data={corpus}"])
     assert cfg.data.tokenize == function
     if function is not None:
-        expected = {"tokenize_sentencepiece": tokenizer.tokenize_sentencepiece,
-                    "tokenize_d2l": d2l.tokenize_d2l}[function.rsplit(".", 1)[1]]
+        expected = {
+            "tokenize_sentencepiece": tokenizer.tokenize_sentencepiece,
+            "tokenize_d2l": d2l.tokenize_d2l,
+        }[function.rsplit(".", 1)[1]]
         assert get_method(cfg.data.tokenize) is expected
 
 
@@ -275,18 +312,26 @@ def test_tokenize_refuses_a_corpus_without_a_tokenizer_and_d2l_other_directions(
     spec.loader.exec_module(app)
     with initialize_config_dir(config_dir=str(root / "conf"), version_base="1.3"):
         synthetic = compose(config_name="config", overrides=[f"paths.root={tmp_path}", "data=synthetic"])
-        d2l_de = compose(config_name="config", overrides=[f"paths.root={tmp_path}", "data=fra_eng_d2l",
-                                                          "data.tgt_lang=de"])
-    with pytest.raises(SystemExit, match=r"^data=synthetic needs no tokenizer; choose data=multi30k "
-                                         r"or data=fra_eng$"):
+        d2l_de = compose(
+            config_name="config", overrides=[f"paths.root={tmp_path}", "data=fra_eng_d2l", "data.tgt_lang=de"]
+        )
+    with pytest.raises(
+        SystemExit,
+        match=r"^data=synthetic needs no tokenizer; choose data=multi30k "
+        r"or data=fra_eng$",
+    ):
         app.main(synthetic)
-    with pytest.raises(SystemExit, match=r"^tokenize failed: data=fra_eng_d2l is D2L's English→French "
-                                         r"setup; got en→de \(drop the data.src_lang/data.tgt_lang"):
+    with pytest.raises(
+        SystemExit,
+        match=r"^tokenize failed: data=fra_eng_d2l is D2L's English→French "
+        r"setup; got en→de \(drop the data.src_lang/data.tgt_lang",
+    ):
         app.main(d2l_de)
     assert list(tmp_path.iterdir()) == []
 
 
 # --- batching -----------------------------------------------------------------
+
 
 def test_collate_builds_teacher_forcing_batch():
     b = collate([(np.array([5, 6]), np.array([7])), (np.array([8]), np.array([9, 10]))])
@@ -315,6 +360,7 @@ def test_pair_dataset_drops_long_pairs():
 
 def test_real_multi30k_mirror_reads_aligned(mirror_dir):
     from attnlab.data.corpora import read_multi30k
+
     pairs = read_multi30k(mirror_dir / "multi30k", "val", "en", "fr")
     assert len(pairs) == 1014
     assert all(e == e.strip() and f == f.strip() for e, f in pairs)
@@ -330,8 +376,10 @@ def test_real_fra_eng_has_no_narrow_spaces_after_reading(mirror_dir):
 
 # --- token-budget batching ------------------------------------------------------
 
+
 def test_token_budget_batches_by_hand():
     from attnlab.data.batching import token_budget_batches
+
     # sorted by length: 4(2) 1(3) 2(3) 0(5) 3(8); costs 2·1, 3·2, 3·3=9 ≤ 9, then 5·4 > 9 …
     assert token_budget_batches([5, 3, 3, 8, 2], max_tokens=9) == [[4, 1, 2], [0], [3]]
     assert token_budget_batches([12, 2], max_tokens=9) == [[1], [0]]  # too long: a batch of its own
@@ -340,6 +388,7 @@ def test_token_budget_batches_by_hand():
 
 def test_token_budget_sampler_covers_every_pair_within_budget_and_reshuffles():
     from attnlab.data.batching import TokenBudgetBatchSampler
+
     rng = np.random.default_rng(0)
     lengths = rng.integers(2, 40, size=500).tolist()
     s = TokenBudgetBatchSampler(lengths, max_tokens=300, seed=3)
@@ -358,29 +407,63 @@ def test_token_budget_sampler_covers_every_pair_within_budget_and_reshuffles():
 # epoch logic moved into _EpochBatchSampler: a refactoring must not change a run's batches.
 PINNED_LENGTHS = [(i * 7) % 13 + 1 for i in range(23)]
 PINNED_ORDERS = {
-    ("bucket", True): [[8, 16, 9, 11], [12, 1, 3], [13, 0, 6, 19], [15, 21, 14, 5], [2, 17, 4, 10],
-                       [18, 7, 20, 22]],
-    ("bucket", False): [[0, 13, 2, 15], [4, 17, 6, 19], [8, 21, 10, 12], [1, 14, 3, 16], [5, 18, 7, 20],
-                        [9, 22, 11]],
-    ("token_budget", True): [[6, 19, 21, 8], [10, 12, 14], [18, 7], [9], [11], [20, 22], [3, 5],
-                             [13, 0, 15, 2, 17, 4], [1, 16]],
-    ("token_budget", False): [[0, 13, 2, 15, 4, 17], [6, 19, 8, 21], [10, 12, 1], [14, 3], [16, 5], [18, 7],
-                              [20, 9], [22], [11]],
+    ("bucket", True): [
+        [8, 16, 9, 11],
+        [12, 1, 3],
+        [13, 0, 6, 19],
+        [15, 21, 14, 5],
+        [2, 17, 4, 10],
+        [18, 7, 20, 22],
+    ],
+    ("bucket", False): [
+        [0, 13, 2, 15],
+        [4, 17, 6, 19],
+        [8, 21, 10, 12],
+        [1, 14, 3, 16],
+        [5, 18, 7, 20],
+        [9, 22, 11],
+    ],
+    ("token_budget", True): [
+        [6, 19, 21, 8],
+        [10, 12, 14],
+        [18, 7],
+        [9],
+        [11],
+        [20, 22],
+        [3, 5],
+        [13, 0, 15, 2, 17, 4],
+        [1, 16],
+    ],
+    ("token_budget", False): [
+        [0, 13, 2, 15, 4, 17],
+        [6, 19, 8, 21],
+        [10, 12, 1],
+        [14, 3],
+        [16, 5],
+        [18, 7],
+        [20, 9],
+        [22],
+        [11],
+    ],
 }
 
 
 @pytest.mark.parametrize("kind, shuffle", PINNED_ORDERS)
 def test_sampler_orders_for_a_fixed_seed_and_epoch_are_pinned(kind, shuffle):
     from attnlab.data.batching import TokenBudgetBatchSampler
-    s = (BucketBatchSampler(PINNED_LENGTHS, batch_size=4, shuffle=shuffle, seed=5, pool_batches=2)
-         if kind == "bucket" else
-         TokenBudgetBatchSampler(PINNED_LENGTHS, max_tokens=24, shuffle=shuffle, seed=5))
+
+    s = (
+        BucketBatchSampler(PINNED_LENGTHS, batch_size=4, shuffle=shuffle, seed=5, pool_batches=2)
+        if kind == "bucket"
+        else TokenBudgetBatchSampler(PINNED_LENGTHS, max_tokens=24, shuffle=shuffle, seed=5)
+    )
     s.set_epoch(2)
     assert list(s) == PINNED_ORDERS[kind, shuffle]
 
 
 def test_padding_fraction_by_hand_and_token_budget_pads_less_than_random_batches():
     from attnlab.data.batching import TokenBudgetBatchSampler, padding_fraction
+
     src, tgt = [[1, 1], [1, 1, 1, 1]], [[1], [1, 1, 1]]
     # one batch: src 3 and 5 tokens padded to 5, tgt_in 2 and 4 padded to 4 → 14 real of 18
     assert padding_fraction([[0, 1]], src, tgt) == pytest.approx(1 - 14 / 18)
@@ -394,14 +477,24 @@ def test_padding_fraction_by_hand_and_token_budget_pads_less_than_random_batches
     assert padding_fraction(budget, src, tgt) < 0.1 < padding_fraction(random_batches, src, tgt)
 
 
-@pytest.mark.parametrize("corpus,src,tgt,error", [
-    ("multi30k", "en", "de", None), ("multi30k", "fr", "en", None), ("multi30k", "de", "fr", None),
-    ("fra_eng", "fr", "en", None),
-    ("multi30k", "en", "es", "data=multi30k has the languages en, fr, de; tgt_lang=es is not one of them"),
-    ("fra_eng", "en", "de", "data=fra_eng has the languages en, fr; tgt_lang=de is not one of them"),
-    ("fra_eng", "cs", "en", "data=fra_eng has the languages en, fr; src_lang=cs is not one of them"),
-    ("multi30k", "fr", "fr", "src_lang and tgt_lang are both fr"),
-])
+@pytest.mark.parametrize(
+    "corpus,src,tgt,error",
+    [
+        ("multi30k", "en", "de", None),
+        ("multi30k", "fr", "en", None),
+        ("multi30k", "de", "fr", None),
+        ("fra_eng", "fr", "en", None),
+        (
+            "multi30k",
+            "en",
+            "es",
+            "data=multi30k has the languages en, fr, de; tgt_lang=es is not one of them",
+        ),
+        ("fra_eng", "en", "de", "data=fra_eng has the languages en, fr; tgt_lang=de is not one of them"),
+        ("fra_eng", "cs", "en", "data=fra_eng has the languages en, fr; src_lang=cs is not one of them"),
+        ("multi30k", "fr", "fr", "src_lang and tgt_lang are both fr"),
+    ],
+)
 def test_a_direction_is_checked_against_the_corpus_config(corpus, src, tgt, error):
     """conf/data/<corpus>.yaml lists the corpus's languages; any two different ones are a direction."""
     from hydra import compose, initialize_config_dir

@@ -6,18 +6,23 @@ is the corpus score of the whole validation set, each sentence translated once (
 rank translates its share, torchmetrics sums the sacreBLEU statistics); evaluation
 scores the whole test set once.
 """
+
 import json
 import subprocess
 import sys
 
 import pytest
 
-from tiny_train import (ROOT, STEPS_PER_EPOCH, env, history, make_project, mlflow_client, runs,
-                        train)
+from helpers.tiny_train import ROOT, STEPS_PER_EPOCH, env, history, make_project, mlflow_client, runs, train
 
 EPOCHS = 6
-ARGS = ("device=ddp", f"trainer.max_epochs={EPOCHS}", "optimizer.lr=0.005",
-        "checkpoint.monitor=null", "checkpoint.filename=final")
+ARGS = (
+    "device=ddp",
+    f"trainer.max_epochs={EPOCHS}",
+    "optimizer.lr=0.005",
+    "checkpoint.monitor=null",
+    "checkpoint.filename=final",
+)
 
 
 @pytest.fixture(scope="module")
@@ -57,7 +62,7 @@ def test_val_bleu_is_one_corpus_bleu_over_the_whole_val_set(ddp_run):
     from attnlab.checkpoint import load_net
     from attnlab.data.corpora import read_lines
     from attnlab.data.tokenizer import load_tokenizer
-    from attnlab.decoding import translate_text
+    from attnlab.inference.decoding import translate_text
     from attnlab.metrics import corpus_scores
 
     root, _ = ddp_run
@@ -82,10 +87,22 @@ def test_val_bleu_is_one_corpus_bleu_over_the_whole_val_set(ddp_run):
 
 def test_evaluate_scores_the_whole_test_set_once(ddp_run):
     root, _ = ddp_run
-    result = subprocess.run([sys.executable, "src/evaluate.py", "model=transformer", "device=ddp",
-                             f"paths.root={root}", f"hydra.run.dir={root}/outputs/eval",
-                             "data.vocab_size=150"], cwd=ROOT, env=env(), capture_output=True,
-                            text=True, timeout=300)
+    result = subprocess.run(
+        [
+            sys.executable,
+            "src/evaluate.py",
+            "model=transformer",
+            "device=ddp",
+            f"paths.root={root}",
+            f"hydra.run.dir={root}/outputs/eval",
+            "data.vocab_size=150",
+        ],
+        cwd=ROOT,
+        env=env(),
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert result.returncode == 0, result.stderr[-3000:]
     scores = json.loads((root / "metrics/transformer.json").read_text())
     n_test = len((root / "data/tokenized/multi30k-en-fr/test.src.txt").read_text().splitlines())

@@ -1,5 +1,6 @@
 """Decoding: beam search against hand-computed sequence probabilities; the Transformer's
 KV-cached step against the full-prefix recomputation; beam 1 against greedy."""
+
 import contextlib
 import math
 import re
@@ -8,7 +9,7 @@ import pytest
 import torch
 
 from attnlab.data.tokenizer import BOS_ID, EOS_ID, PAD_ID
-from attnlab.decoding import beam_search, greedy_decode
+from attnlab.inference.decoding import beam_search, greedy_decode
 from attnlab.models.bahdanau import Bahdanau
 from attnlab.models.transformer import Transformer
 
@@ -45,8 +46,7 @@ def _decode(model, max_len, **kw):
 def test_beam_finds_the_more_probable_sequence_greedy_misses():
     # P(A)=0.6, P(C)=0.4; after A the best is A again (0.35); after C, <eos> (0.9).
     # Greedy: A A (0.6·0.35 = 0.21). Best of length ≤ 2: C <eos> (0.4·0.9 = 0.36).
-    table = {(): {A: 0.6, C: 0.4},
-             (A,): {A: 0.35, C: 0.34, EOS_ID: 0.31}, (C,): {EOS_ID: 0.9, A: 0.1}}
+    table = {(): {A: 0.6, C: 0.4}, (A,): {A: 0.35, C: 0.34, EOS_ID: 0.31}, (C,): {EOS_ID: 0.9, A: 0.1}}
     m = TableModel(table)
     assert _decode(m, 2) == [A, A]
     assert _decode(m, 2, beam_size=2) == [C, EOS_ID]
@@ -93,9 +93,12 @@ def test_beam_rejects_bad_arguments():
 
 def _nets(vocab=40):
     torch.manual_seed(0)
-    return {"transformer": Transformer(vocab, d_model=32, num_heads=4, num_layers=2, ffn_hidden=64,
-                                       dropout=0.0, tie_embeddings=False).eval(),
-            "bahdanau": Bahdanau(vocab, embed_size=16, num_hiddens=32, num_layers=2, dropout=0.0).eval()}
+    return {
+        "transformer": Transformer(
+            vocab, d_model=32, num_heads=4, num_layers=2, ffn_hidden=64, dropout=0.0, tie_embeddings=False
+        ).eval(),
+        "bahdanau": Bahdanau(vocab, embed_size=16, num_hiddens=32, num_layers=2, dropout=0.0).eval(),
+    }
 
 
 class _Ids:
@@ -128,10 +131,13 @@ def test_cached_step_equals_full_prefix_recomputation():
         lf, *full = net.step_uncached(ys, *full)
         torch.testing.assert_close(lc, lf, atol=1e-5, rtol=1e-5)
         ys = torch.cat([ys, lf.argmax(-1, keepdim=True)], 1)
-    for decode in (lambda i, s: greedy_decode(i, s, src, valid, 20),
-                   lambda i, s: beam_search(i, s, src, valid, 20, beam_size=4, alpha=0.6)):
-        assert torch.equal(decode(net.init_state, net.step),
-                           decode(net.init_state_uncached, net.step_uncached))
+    for decode in (
+        lambda i, s: greedy_decode(i, s, src, valid, 20),
+        lambda i, s: beam_search(i, s, src, valid, 20, beam_size=4, alpha=0.6),
+    ):
+        assert torch.equal(
+            decode(net.init_state, net.step), decode(net.init_state_uncached, net.step_uncached)
+        )
 
 
 @pytest.mark.parametrize("kind", ["transformer", "bahdanau"])
@@ -146,7 +152,7 @@ def test_beam_one_is_greedy_and_batching_changes_nothing(kind):
         alone = beam_search(net.init_state, net.step, src[i : i + 1, :n], valid[i : i + 1], 15, beam_size=4)
         row = batched[i, : alone.shape[1]]
         assert torch.equal(row, alone[0]), i
-        assert torch.all(batched[i, alone.shape[1]:] == PAD_ID)
+        assert torch.all(batched[i, alone.shape[1] :] == PAD_ID)
 
 
 @pytest.mark.parametrize("kind", ["transformer", "bahdanau"])
@@ -170,6 +176,7 @@ def test_beam_result_scores_at_least_the_greedy_sequence(kind):
 
 # --- a sentence's output depends on that sentence alone ------------------------------------
 
+
 class LoopModel:
     """Never ends on its own: after any prefix the next token is A (0.6) or C (0.4), <eos> ≈ 0.
 
@@ -192,8 +199,7 @@ def test_each_sentence_stops_at_its_own_limit_in_any_batch(beam_size):
     m = LoopModel()
     src, valid = torch.zeros(3, 9, dtype=torch.long), torch.tensor([2, 9, 4])
     limits = torch.tensor([3, 8, 5])
-    decode = greedy_decode if beam_size == 1 else (
-        lambda *a: beam_search(*a, beam_size=beam_size, alpha=1.0))
+    decode = greedy_decode if beam_size == 1 else (lambda *a: beam_search(*a, beam_size=beam_size, alpha=1.0))
     batched = decode(m.init_state, m.step, src, valid, limits)
     assert batched.shape == (3, 8)
     for i, n in enumerate(limits.tolist()):
@@ -245,7 +251,7 @@ def test_ended_sentences_leave_the_greedy_batch_once_they_are_a_quarter_of_its_r
     of 8 rows have ended (1/4: dropped, 6 left); after step 2 one of 6 (< 1/4: kept) and no other
     ends before all do at step 5. So the steps see 8, 6, 6, 6, 6 rows, and each sentence still
     gets exactly its own limit of tokens."""
-    from attnlab import decoding
+    from attnlab.inference import decoding
 
     assert decoding.COMPACT_FRACTION == 0.25
     m = Recorded(LoopModel())
@@ -313,14 +319,17 @@ def test_a_limit_tensor_must_give_one_limit_per_sentence(beam_size, limits):
     m = LoopModel()
     src, valid = torch.zeros(3, 4, dtype=torch.long), torch.tensor([4, 4, 4])
     decode = greedy_decode if beam_size == 1 else (lambda *a: beam_search(*a, beam_size=beam_size))
-    with pytest.raises(ValueError, match=r"max_len must be an int or a \(3,\) tensor, one limit per "
-                       rf"sentence of src; got shape {re.escape(str(tuple(limits.shape)))}"):
+    with pytest.raises(
+        ValueError,
+        match=r"max_len must be an int or a \(3,\) tensor, one limit per "
+        rf"sentence of src; got shape {re.escape(str(tuple(limits.shape)))}",
+    ):
         decode(m.init_state, m.step, src, valid, limits)
 
 
 def test_the_length_limit_is_each_sentences_own():
     """⌊1.5·n + 10⌋ tokens for a source of n tokens (its <eos> counted), at most 256."""
-    from attnlab.decoding import max_output_len
+    from attnlab.inference.decoding import max_output_len
 
     lens = torch.tensor([1, 2, 7, 20, 200])
     assert max_output_len(lens).tolist() == [11, 13, 20, 40, 256]
@@ -332,34 +341,57 @@ def test_the_length_limit_is_each_sentences_own():
 def test_translate_gives_each_sentence_the_same_ids_alone_and_in_any_batch(kind, beam_size):
     """A short and a much longer sentence (random weights: no <eos> soon, so the limit decides),
     translated alone, together in both orders and in batches of 1, 2 and 3."""
-    from attnlab.decoding import translate
+    from attnlab.inference.decoding import translate
 
     net = _nets()[kind]
     sentences = ["7 8 9", " ".join(["6"] * 40), "9 9 8 7 6 5 4 8 9 7 6 5"]
-    alone = [translate(net.init_state, net.step, _Ids(), [s], beam_size=beam_size, alpha=1.0)[0]
-             for s in sentences]
+    alone = [
+        translate(net.init_state, net.step, _Ids(), [s], beam_size=beam_size, alpha=1.0)[0] for s in sentences
+    ]
     # the short one stops at its own limit, ⌊1.5 · 4 + 10⌋ = 16 (3 ids and the <eos>): a limit
     # taken from the batch (the long one's is 71) would let it run on
     assert len(alone[0]) == 16
     for order in ([0, 1, 2], [2, 1, 0], [1, 0, 2]):
         for batch_size in (1, 2, 3):
-            got = translate(net.init_state, net.step, _Ids(), [sentences[i] for i in order],
-                            batch_size=batch_size, beam_size=beam_size, alpha=1.0)
+            got = translate(
+                net.init_state,
+                net.step,
+                _Ids(),
+                [sentences[i] for i in order],
+                batch_size=batch_size,
+                beam_size=beam_size,
+                alpha=1.0,
+            )
             assert got == [alone[i] for i in order], (order, batch_size)
 
 
-@pytest.mark.parametrize("text", ["", "   ", "\t\u3000", "\u200b", "\ufeff", "\u200e\u200f", "\x7f",
-                                  "\u2060", "\u00ad", "\u200d\u202e", "\x00", "\u2028"])
+@pytest.mark.parametrize(
+    "text",
+    [
+        "",
+        "   ",
+        "\t\u3000",
+        "\u200b",
+        "\ufeff",
+        "\u200e\u200f",
+        "\x7f",
+        "\u2060",
+        "\u00ad",
+        "\u200d\u202e",
+        "\x00",
+        "\u2028",
+    ],
+)
 def test_a_sentence_with_nothing_to_translate_is_not_decoded(text):
     """Whitespace, control and invisible format characters alone translate to nothing, and no
     step runs for them: whether sentencepiece drops them (zero-width space, BOM, direction
     marks, DEL) or keeps them as <unk> (word joiner, soft hyphen, ZWJ, NUL)."""
-    from attnlab.data.tokenizer import train_sentencepiece
-    from attnlab.decoding import max_output_len, translate
-    from corpus_fixture import sentences
-
     import tempfile
     from pathlib import Path
+
+    from attnlab.data.tokenizer import train_sentencepiece
+    from attnlab.inference.decoding import max_output_len, translate
+    from helpers.corpus_fixture import sentences
 
     with tempfile.TemporaryDirectory() as tmp:
         sp = train_sentencepiece([s for t in sentences() for s in t[:2]], Path(tmp) / "spm", 60)
@@ -377,7 +409,7 @@ def test_a_sentence_with_nothing_to_translate_is_not_decoded(text):
 
 def _logit_dtypes(bf16, outer_autocast=False):
     """The dtypes of the logits the Transformer's step returns while ``translate`` decodes."""
-    from attnlab.decoding import translate
+    from attnlab.inference.decoding import translate
 
     net, seen = _nets()["transformer"], []
 
@@ -405,11 +437,14 @@ def test_bf16_decoding_runs_the_model_under_bf16_autocast(monkeypatch):
 
 def test_bf16_decoding_is_refused_without_bf16_units(monkeypatch):
     from attnlab import config
-    from attnlab.decoding import Bf16UnitsError, translate
+    from attnlab.inference.decoding import Bf16UnitsError, translate
 
     monkeypatch.setattr(config, "cpu_flags", lambda: {"avx2", "avx512f"})
     net = _nets()["transformer"]
-    with pytest.raises(Bf16UnitsError, match=r"bf16 decoding \(model.decoding.bf16=true\) needs bf16 "
-                       r"matrix units, and this cpu has none .*decode in float32 "
-                       r"\(model.decoding.bf16=false\)"):
+    with pytest.raises(
+        Bf16UnitsError,
+        match=r"bf16 decoding \(model.decoding.bf16=true\) needs bf16 "
+        r"matrix units, and this cpu has none .*decode in float32 "
+        r"\(model.decoding.bf16=false\)",
+    ):
         translate(net.init_state, net.step, _Ids(), ["7 8 9"], bf16=True)

@@ -4,9 +4,10 @@ Each stage's ``src/`` deps must cover every attnlab module its script imports (r
 ``ast``, lazy imports too: :mod:`import_graph`) or loads by the name its models' configs give
 (``task.module``/``task.evaluate``/``task.export`` of ``conf/model/<model>.yaml``, ``tokenize`` of
 ``conf/data/*.yaml``), and nothing
-else, except the modules in :data:`NEUTRAL`, which cannot change what a stage writes and are therefore never deps: so
-editing a console summary re-runs no training (checked with a real ``dvc status``).
+else, except the modules in :data:`NEUTRAL`, which cannot change what a stage writes and are
+therefore never deps: so editing a console summary re-runs no training (checked with a real ``dvc status``).
 """
+
 import json
 import re
 import shutil
@@ -18,7 +19,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from import_graph import SRC, module_files, runs, runs_module
+from helpers.import_graph import SRC, module_files, runs, runs_module
 
 ROOT = SRC.parent
 DVC = [sys.executable, "-m", "dvc"]
@@ -28,11 +29,11 @@ NEUTRAL = {
     "attnlab.console": "log filters, the stage summaries and the MLflow queries they make: stdout/stderr",
     "attnlab.lit.progress": "the progress bar's choice and one line per epoch on stdout",
     "attnlab.lit.logger": "the MLflow logger: writes to the MLflow store (runs/<model>.json gets "
-                          "the run id MLflow chose, not anything of its code)",
-    "attnlab.sweep": "Hydra multirun parents: `dvc repro` runs no multirun",
+    "the run id MLflow chose, not anything of its code)",
+    "attnlab.tracking.sweep": "Hydra multirun parents: `dvc repro` runs no multirun",
 }
 # stage → deps under src/ that are read as files, not imported (the modules they import count too)
-NOT_IMPORTED = {"export": {"attnlab/serving.py"}, "export_nw": {"attnlab/serving.py"}}
+NOT_IMPORTED = {"export": {"attnlab/serving/model.py"}, "export_nw": {"attnlab/serving/model.py"}}
 
 
 # stage (its template for a `foreach`) → the key of conf/model/<model>.yaml's `task` it loads
@@ -44,7 +45,9 @@ def _named_by_config(name: str) -> set[str]:
     every conf/data/*.yaml (``params.yaml``'s ``data`` may choose any), else ``task.<key>`` of each
     model the stage runs (params.yaml's ``models`` for a ``foreach`` stage, ``nw`` for ``*_nw``)."""
     if name == "tokenize":
-        named = [yaml.safe_load(f.read_text()).get("tokenize") for f in (ROOT / "conf" / "data").glob("*.yaml")]
+        named = [
+            yaml.safe_load(f.read_text()).get("tokenize") for f in (ROOT / "conf" / "data").glob("*.yaml")
+        ]
         return {target.rsplit(".", 1)[0] for target in named if target}
     kind = name.removesuffix("_nw")
     if kind not in TASK_KEY:
@@ -53,7 +56,9 @@ def _named_by_config(name: str) -> set[str]:
     models = ["nw"] if name.endswith("_nw") else list(params["models"])
     named = set()
     for model in models:
-        target = yaml.safe_load((ROOT / "conf" / "model" / f"{model}.yaml").read_text())["task"][TASK_KEY[kind]]
+        target = yaml.safe_load((ROOT / "conf" / "model" / f"{model}.yaml").read_text())["task"][
+            TASK_KEY[kind]
+        ]
         named.add(target.rsplit(".", 1)[0])  # the module of the class or function
     return named
 
@@ -82,10 +87,12 @@ def test_code_deps_are_the_modules_the_stage_imports(name):
     stop = {m for m in module_files() if any(m == n or m.startswith(n + ".") for n in NEUTRAL)}
     neutral = {module_files()[m] for m in stop}
     read = {SRC / m for m in NOT_IMPORTED.get(name, ())}  # run by the stage, not imported
-    needed = set().union(*(runs(f, stop=stop) | {f} for f in {ROOT / script} | read),
-                         *(runs_module(m, stop=stop) for m in _named_by_config(name)))
+    needed = set().union(
+        *(runs(f, stop=stop) | {f} for f in {ROOT / script} | read),
+        *(runs_module(m, stop=stop) for m in _named_by_config(name)),
+    )
     covered = _covered(stage["deps"])
-    rel = lambda files: sorted(str(f.relative_to(SRC)) for f in files)  # noqa: E731
+    rel = lambda files: sorted(str(f.relative_to(SRC)) for f in files)
     missing, neutral_deps = rel(needed - covered), rel(covered & neutral)
     unused = rel(covered - needed)
     assert not missing, f"{name}: imports modules that are not deps: {missing}"
@@ -145,18 +152,25 @@ def _edited(path: Path, old: str, new: str):
 
 
 # the foreach stages of the translation models (dvc.yaml's `models`)
-TRANSLATION_STAGES = [f"{stage}@{model}" for stage in ("train", "evaluate", "export")
-                      for model in ("bahdanau", "transformer")]
+TRANSLATION_STAGES = [
+    f"{stage}@{model}" for stage in ("train", "evaluate", "export") for model in ("bahdanau", "transformer")
+]
 
 
 def test_editing_a_console_summary_retrains_nothing(project):
-    with _edited(project / "src/attnlab/console/summaries.py", "def train_summary(",
-                 "def train_summary(  # reworded\n    "):
+    with _edited(
+        project / "src/attnlab/console/summaries.py",
+        "def train_summary(",
+        "def train_summary(  # reworded\n    ",
+    ):
         assert _changed_deps(project) == {}
 
     # The control: the attention library changes what every model writes, and nothing else.
-    with _edited(project / "src/attnlab/models/attention.py", "def masked_softmax(",
-                 "def masked_softmax(  # edited\n    "):
+    with _edited(
+        project / "src/attnlab/models/attention.py",
+        "def masked_softmax(",
+        "def masked_softmax(  # edited\n    ",
+    ):
         after = _changed_deps(project)
     stages = [*TRANSLATION_STAGES, "train_nw", "evaluate_nw", "export_nw", "head_importance"]
     assert after == {stage: {"src/attnlab/models"} for stage in stages}  # the book's folder, a dep
@@ -171,5 +185,6 @@ def test_editing_the_full_profile_reruns_the_stages_that_can_compose_it(project)
         after = _changed_deps(project)
     assert after == {stage: {"conf/experiment"} for stage in [*TRANSLATION_STAGES, "head_importance"]}
     with _edited(project / "conf/trainer/full.yaml", "max_epochs: 40", "max_epochs: 41"):
-        assert _changed_deps(project) == {f"train@{m}": {"conf/trainer/full.yaml"}
-                                          for m in ("bahdanau", "transformer")}
+        assert _changed_deps(project) == {
+            f"train@{m}": {"conf/trainer/full.yaml"} for m in ("bahdanau", "transformer")
+        }

@@ -5,6 +5,7 @@ tokenized folder that lacks a test split's text, and bf16 decoding on a CPU with
 Scoring itself (each test set's BLEU, lowercased BLEU and chrF equal sacreBLEU's on its
 translations) is checked on the pipeline's own run in tests/test_pipeline.py.
 """
+
 from __future__ import annotations
 
 from pathlib import Path
@@ -12,7 +13,7 @@ from pathlib import Path
 import pytest
 from hydra import compose, initialize_config_dir
 
-from attnlab.evaluation import NoTestSplitError, evaluate_translation
+from attnlab.inference.evaluation import NoTestSplitError, evaluate_translation
 
 CONF = str(Path(__file__).resolve().parents[1] / "conf")
 
@@ -31,21 +32,31 @@ def test_multi30k_scores_test_2017_flickr_beside_test_2016_flickr():
 @pytest.mark.parametrize("split", ["test_2018", "val", "train", "test"])
 def test_a_further_test_split_must_be_another_test_split_of_the_corpus(split):
     cfg = _cfg(f"data.more_test_splits=[{split}]")
-    with pytest.raises(NoTestSplitError, match=rf"data.more_test_splits names '{split}', which is "
-                       r"not a further test split of data.splits \(train, val, test, test_2017\); "
-                       r"list further test splits of data.splits, or set data.more_test_splits=\[\]"):
+    with pytest.raises(
+        NoTestSplitError,
+        match=rf"data.more_test_splits names '{split}', which is "
+        r"not a further test split of data.splits \(train, val, test, test_2017\); "
+        r"list further test splits of data.splits, or set data.more_test_splits=\[\]",
+    ):
         evaluate_translation(cfg, net=None)  # refused before any model or file is touched
 
 
-@pytest.mark.parametrize("value, problem", [
-    ("test_2017", r"must be a list of keys of data.splits \(e.g. \[test_2017\]\), not 'test_2017'"),
-    ("[test_2017,test_2017]", r"names test_2017_flickr twice \('test_2017' and 'test_2017'\)"),
-    ("[test_2017,again]", r"names test_2017_flickr twice \('test_2017' and 'again'\)")])
+@pytest.mark.parametrize(
+    "value, problem",
+    [
+        ("test_2017", r"must be a list of keys of data.splits \(e.g. \[test_2017\]\), not 'test_2017'"),
+        ("[test_2017,test_2017]", r"names test_2017_flickr twice \('test_2017' and 'test_2017'\)"),
+        ("[test_2017,again]", r"names test_2017_flickr twice \('test_2017' and 'again'\)"),
+    ],
+)
 def test_further_test_splits_are_a_list_of_distinct_test_sets(value, problem):
     extra = ["+data.splits.again=test_2017_flickr"] if "again" in problem else []
     cfg = _cfg(f"data.more_test_splits={value}", *extra)
-    with pytest.raises(NoTestSplitError, match=problem + r"; list further test splits of "
-                       r"data.splits, or set data.more_test_splits=\[\]"):
+    with pytest.raises(
+        NoTestSplitError,
+        match=problem + r"; list further test splits of "
+        r"data.splits, or set data.more_test_splits=\[\]",
+    ):
         evaluate_translation(cfg, net=None)
 
 
@@ -56,23 +67,32 @@ def test_a_tokenized_folder_without_a_test_splits_text_names_the_stage_that_writ
     tok.mkdir(parents=True)
     for name in ("test.src.txt", "test.tgt.txt", "test_2017.src.txt"):
         (tok / name).write_text("A dog.\n", encoding="utf-8")
-    with pytest.raises(NoTestSplitError, match=rf"{tok} has no test_2017.tgt.txt: it was tokenized "
-                       r"before data.splits had `test_2017`; re-run the tokenize stage \(`dvc repro "
-                       r"tokenize`, or `python src/tokenize_data.py data=multi30k`\)"):
+    with pytest.raises(
+        NoTestSplitError,
+        match=rf"{tok} has no test_2017.tgt.txt: it was tokenized "
+        r"before data.splits had `test_2017`; re-run the tokenize stage \(`dvc repro "
+        r"tokenize`, or `python src/tokenize_data.py data=multi30k`\)",
+    ):
         evaluate_translation(cfg, net=None)
 
 
 def test_fra_eng_has_no_further_test_split():
     cfg = _cfg("data=fra_eng", "+data.more_test_splits=[test_2017]")
-    with pytest.raises(NoTestSplitError, match=r"names 'test_2017', which is not a further test "
-                       r"split of data.splits \(data=fra_eng has no data.splits\)"):
+    with pytest.raises(
+        NoTestSplitError,
+        match=r"names 'test_2017', which is not a further test "
+        r"split of data.splits \(data=fra_eng has no data.splits\)",
+    ):
         evaluate_translation(cfg, net=None)
 
 
 def test_a_corpus_without_a_test_split_names_the_command_that_scores_it():
     cfg = _cfg("data=fra_eng_d2l", "model=bahdanau")
-    with pytest.raises(NoTestSplitError, match=r"data=fra_eng_d2l has no test split; D2L scores its "
-                       r"models with `python src/d2l_table.py data=fra_eng_d2l model=bahdanau`"):
+    with pytest.raises(
+        NoTestSplitError,
+        match=r"data=fra_eng_d2l has no test split; D2L scores its "
+        r"models with `python src/d2l_table.py data=fra_eng_d2l model=bahdanau`",
+    ):
         evaluate_translation(cfg, net=None)
 
 
@@ -81,9 +101,12 @@ def test_a_further_test_split_may_not_be_the_file_of_the_main_splits(main):
     """`test_2017: test_2016_flickr` would report the main test set a second time as a 'further' one."""
     cfg = _cfg(f"data.splits.test_2017=${{.{main}}}")
     name = cfg.data.splits[main]
-    with pytest.raises(NoTestSplitError, match=rf"data.more_test_splits names 'test_2017', whose file "
-                       rf"{name} is data.splits.{main}'s: it would be scored as a further test set; "
-                       r"list further test splits"):
+    with pytest.raises(
+        NoTestSplitError,
+        match=rf"data.more_test_splits names 'test_2017', whose file "
+        rf"{name} is data.splits.{main}'s: it would be scored as a further test set; "
+        r"list further test splits",
+    ):
         evaluate_translation(cfg, net=None)
 
 
@@ -91,7 +114,7 @@ def test_bf16_decoding_is_refused_before_decoding_where_the_cpu_has_no_bf16_unit
     """model.decoding.bf16=true on a CPU without avx512_bf16 or amx_bf16 (there bf16 matmuls run
     at a few percent of fp32): an error naming the fix, before the tokenizer or the model is read."""
     from attnlab import config
-    from attnlab.decoding import Bf16UnitsError
+    from attnlab.inference.decoding import Bf16UnitsError
 
     monkeypatch.setattr(config, "cpu_flags", lambda: {"avx2", "avx512f"})
     cfg = _cfg(f"paths.root={tmp_path}", "device=cpu", "model.decoding.bf16=true")
@@ -100,7 +123,10 @@ def test_bf16_decoding_is_refused_before_decoding_where_the_cpu_has_no_bf16_unit
     for split in ("test", "test_2017"):
         for side in ("src", "tgt"):
             (tok / f"{split}.{side}.txt").write_text("A dog.\n", encoding="utf-8")
-    with pytest.raises(Bf16UnitsError, match=r"bf16 decoding \(model.decoding.bf16=true\) needs bf16 "
-                       r"matrix units, and this cpu has none .*decode in float32 "
-                       r"\(model.decoding.bf16=false\)"):
+    with pytest.raises(
+        Bf16UnitsError,
+        match=r"bf16 decoding \(model.decoding.bf16=true\) needs bf16 "
+        r"matrix units, and this cpu has none .*decode in float32 "
+        r"\(model.decoding.bf16=false\)",
+    ):
         evaluate_translation(cfg, net=None)

@@ -1,4 +1,4 @@
-"""The attention explorer (:mod:`attnlab.explorer`): one self-contained HTML page per run.
+"""The attention explorer (:mod:`attnlab.analysis.explorer`): one self-contained HTML page per run.
 
 Unit part: the page needs nothing from the network, and the weights it embeds are the ones
 ``net.attention_maps`` gives for a tiny random Transformer and Bahdanau model on a tiny
@@ -12,6 +12,7 @@ iframe. There a head and an epoch are chosen through the page's own widgets, and
 must change; hovering a cell shows its tokens and weight; the page logs no error and requests
 nothing from the network. Opened on its own, it takes its first state from the URL fragment.
 """
+
 from __future__ import annotations
 
 import html.parser
@@ -25,14 +26,14 @@ import numpy as np
 import pytest
 import torch
 
-from attnlab import explorer
+from attnlab.analysis import explorer
+from attnlab.analysis.viz import collect_translation_maps
 from attnlab.data.tokenizer import BOS_ID, EOS_ID, load_sentencepiece, train_sentencepiece
-from attnlab.decoding import translate
+from attnlab.inference.decoding import translate
 from attnlab.lit.heatmaps import EpochHeatmaps
 from attnlab.models.bahdanau import Bahdanau
 from attnlab.models.transformer import Transformer
-from attnlab.viz import collect_translation_maps
-from corpus_fixture import sentences
+from helpers.corpus_fixture import sentences
 
 HALF_STEP = 0.5 / explorer.SCALE  # the page's rounding: uint16 fixed point
 SOURCES = [e for e, _, _ in sentences()[:3]]
@@ -49,9 +50,11 @@ def tokenizer(tmp_path_factory):
 
 def _net(kind: str, vocab: int, seed: int) -> torch.nn.Module:
     torch.manual_seed(seed)
-    net = (Transformer(vocab, d_model=16, num_heads=2, num_layers=2, ffn_hidden=32, dropout=0.0)
-           if kind == "transformer" else Bahdanau(vocab, embed_size=8, num_hiddens=16, num_layers=2,
-                                                 dropout=0.0))
+    net = (
+        Transformer(vocab, d_model=16, num_heads=2, num_layers=2, ffn_hidden=32, dropout=0.0)
+        if kind == "transformer"
+        else Bahdanau(vocab, embed_size=8, num_hiddens=16, num_layers=2, dropout=0.0)
+    )
     return net.eval()
 
 
@@ -60,8 +63,10 @@ def page(request, tokenizer):
     """(kind, {epoch: net}, html): two "epochs" (two random models) of the 3 sentences."""
     V = tokenizer.get_piece_size()
     nets = {epoch: _net(request.param, V, seed=epoch) for epoch in (1, 2)}
-    epochs = [explorer.translation_epoch(collect_translation_maps(net, tokenizer, SOURCES), epoch)
-              for epoch, net in nets.items()]
+    epochs = [
+        explorer.translation_epoch(collect_translation_maps(net, tokenizer, SOURCES), epoch)
+        for epoch, net in nets.items()
+    ]
     return request.param, nets, explorer.translation_explorer(epochs, f"tiny {request.param}")
 
 
@@ -88,8 +93,9 @@ def test_the_page_loads_no_script_style_or_font_from_anywhere(page):
     _, _, text = page
     tags = _Tags()
     tags.feed(text)
-    linked = [(tag, attrs) for tag, attrs in tags.tags
-              if {"src", "href", "data"} & set(attrs) or tag == "link"]
+    linked = [
+        (tag, attrs) for tag, attrs in tags.tags if {"src", "href", "data"} & set(attrs) or tag == "link"
+    ]
     assert linked == []  # every script and style is inline
     scripts = [attrs for tag, attrs in tags.tags if tag == "script"]
     assert len(scripts) >= 4  # Bokeh, its widgets, the data, the document and its glue
@@ -110,8 +116,12 @@ def _independent_maps(net, tokenizer, sentence):
     source = [tokenizer.source_id_to_piece(int(i)) for i in src[0]]
     target_out = [tokenizer.id_to_piece(i) for i in out + [EOS_ID]]
     target_in = [tokenizer.id_to_piece(int(i)) for i in tgt_in[0]]
-    axes = {"encoder_self": (source, source), "decoder_self": (target_in, target_out),
-            "encoder_decoder": (source, target_out), "alignment": (source, target_out)}
+    axes = {
+        "encoder_self": (source, source),
+        "decoder_self": (target_in, target_out),
+        "encoder_decoder": (source, target_out),
+        "alignment": (source, target_out),
+    }
     return tokenizer.decode(out), maps, axes
 
 
@@ -127,8 +137,15 @@ def test_the_page_embeds_the_weights_and_tokens_of_attention_maps(page, tokenize
         for shown in epoch["sentences"]:
             translation, maps, axes = _independent_maps(net, tokenizer, shown["source"])
             assert shown["translation"] == translation
-            assert list(shown["kinds"]) == list(maps) == (
-                ["alignment"] if kind == "bahdanau" else ["encoder_self", "decoder_self", "encoder_decoder"])
+            assert (
+                list(shown["kinds"])
+                == list(maps)
+                == (
+                    ["alignment"]
+                    if kind == "bahdanau"
+                    else ["encoder_self", "decoder_self", "encoder_decoder"]
+                )
+            )
             for name, layers in maps.items():
                 km = shown["kinds"][name]
                 keys, queries = axes[name]
@@ -210,7 +227,8 @@ def test_a_resumed_run_keeps_the_earlier_epochs_in_its_explorer(tokenizer, tmp_p
         assert np.abs(got - maps["encoder_decoder"][1][0].double().numpy()).max() <= HALF_STEP + 1e-7
     # PNGs of epoch_kinds only (none the Transformer has in the resumed run); the page replaces itself
     assert sorted(p.relative_to(tmp_path).as_posix() for p in tmp_path.rglob("*.png")) == [
-        f"epochs/epoch0{e}/sent0_encoder_decoder_layer{layer}.png" for e in (1, 2) for layer in (1, 2)]
+        f"epochs/epoch0{e}/sent0_encoder_decoder_layer{layer}.png" for e in (1, 2) for layer in (1, 2)
+    ]
     assert logger.logged == [("explorer.html", "attention")]
     # resumed with other heatmap sentences: the killed run's epochs do not fit, the page starts anew
     _validate(EpochHeatmaps(SOURCES[1:2], ["alignment"], tmp_path, None), nets[3], tokenizer, 4)
@@ -223,16 +241,20 @@ def test_nw_figures_include_the_explorer_of_the_trained_kernel_weights(tmp_path)
     from attnlab.lit.regression import RegressionModule
     from attnlab.models.nadaraya_watson import nw_evaluation
 
-    module = RegressionModule(optimizer={"_target_": "torch.optim.SGD", "_partial_": True, "lr": 0.1},
-                              init_w=2.5)
+    module = RegressionModule(
+        optimizer={"_target_": "torch.optim.SGD", "_partial_": True, "lr": 0.1}, init_w=2.5
+    )
     module.data = d = synthetic_regression(seed=0)
     module.figure_settings = {"kernels": ["gaussian", "boxcar"], "width": 1.0, "width_sweep": [0.1]}
     paths = module.figures(module.net, tmp_path)
     assert paths[-1] == tmp_path / "explorer.html"
     data = explorer.read_data(paths[-1].read_text(encoding="utf-8"))
     assert [f["name"] for f in data["fits"]] == [
-        "trained Gaussian: w = 2.50, σ = 0.40", "Gaussian kernel, σ = 1", "Boxcar kernel, σ = 1",
-        "Gaussian kernel, σ = 0.1"]
+        "trained Gaussian: w = 2.50, σ = 0.40",
+        "Gaussian kernel, σ = 1",
+        "Boxcar kernel, σ = 1",
+        "Gaussian kernel, σ = 0.1",
+    ]
     ev = nw_evaluation(d, 2.5, ["gaussian", "boxcar"], 1.0, [0.1])
     trained = explorer.decode_weights(data["fits"][0]["weights"])  # (m test, n training) points
     assert trained.shape == (len(d["x_test"]), len(d["x_train"]))
@@ -250,7 +272,7 @@ def trained(tmp_path_factory):
     """A tiny Transformer trained 2 epochs by the real src/train.py, one heatmap sentence. The
     per-epoch kinds name Bahdanau's only: no per-epoch PNG to draw (a second each), and the
     explorer shows every kind the Transformer has all the same."""
-    from tiny_train import make_project, mlflow_client, runs, train
+    from helpers.tiny_train import make_project, mlflow_client, runs, train
 
     root = make_project(tmp_path_factory.mktemp("explorer"))
     done = train(root, "trainer.max_epochs=2", "heatmaps.epoch_kinds=[alignment]")
@@ -261,11 +283,13 @@ def trained(tmp_path_factory):
 
 def _drawn(state: str | None = None):
     """Matches the console message the explorer logs once a state (any, or ``state``) is drawn."""
+
     def found(event):
         if event.get("method") != "Runtime.consoleAPICalled":
             return False
         text = str(event["params"]["args"][0].get("value", ""))
         return text.startswith("attnlab-explorer: drawn ") and (state is None or text.endswith(" " + state))
+
     return found
 
 
@@ -300,8 +324,8 @@ def _heat(shot: Path, box: tuple[int, int, int, int]) -> np.ndarray:
 
 
 def test_the_explorer_in_the_mlflow_ui_changes_with_the_head_and_the_epoch(trained, tmp_path):
-    from browser import DevTools, find_browser, http, mlflow_ui
-    from tiny_train import env
+    from helpers.browser import DevTools, find_browser, http, mlflow_ui
+    from helpers.tiny_train import env
 
     browser = find_browser()
     root, run = trained
@@ -311,22 +335,30 @@ def test_the_explorer_in_the_mlflow_ui_changes_with_the_head_and_the_epoch(train
     heads = data["epochs"][0]["sentences"][0]["kinds"]["encoder_decoder"]["layers"][1]["shape"][0]
     assert heads == 4  # conf/model/transformer.yaml
     assert list(data["epochs"][0]["sentences"][0]["kinds"]) == [  # all kinds, not only epoch_kinds
-        "encoder_self", "decoder_self", "encoder_decoder"]
+        "encoder_self",
+        "decoder_self",
+        "encoder_decoder",
+    ]
     with mlflow_ui(root / "mlflow.db", tmp_path, env()) as ui:
         served = http(f"{ui}/get-artifact", path="attention/explorer.html", run_uuid=run.info.run_id)
         assert served == local.read_bytes()  # what the UI's artifact view fetches and shows
-        page = (f"{ui}/#/experiments/{run.info.experiment_id}/runs/{run.info.run_id}"
-                "/artifacts/attention/explorer.html")
+        page = (
+            f"{ui}/#/experiments/{run.info.experiment_id}/runs/{run.info.run_id}"
+            "/artifacts/attention/explorer.html"
+        )
         with DevTools(browser, tmp_path / "profile") as chrome:
             tab = chrome.open(page)
             event = chrome.wait_for(_drawn(), 90, "the explorer drawn in the MLflow UI")
             frame = event["sessionId"]  # the explorer's iframe (its own session)
             assert frame in chrome.frames and frame != tab
-            iframe = chrome.evaluate(tab, """(() => {
+            iframe = chrome.evaluate(
+                tab,
+                """(() => {
                 const f = document.querySelector("iframe.mlflow-html-iframe");
                 const r = f.getBoundingClientRect();
                 return {sandbox: f.getAttribute("sandbox"), src: f.src,
-                        box: [r.left, r.top, r.right, r.bottom].map(Math.round)};})()""")
+                        box: [r.left, r.top, r.right, r.bottom].map(Math.round)};})()""",
+            )
             assert iframe["sandbox"] == "allow-scripts" and iframe["src"].startswith("blob:")
             box = tuple(iframe["box"])
             assert box[2] - box[0] > 500 and box[3] - box[1] > 300, box
@@ -336,13 +368,16 @@ def test_the_explorer_in_the_mlflow_ui_changes_with_the_head_and_the_epoch(train
                 drew ``state``; its heatmap pixels, once they differ from ``before`` (Bokeh paints
                 at its next frame; AssertionError when they never do)."""
                 if choose:
-                    chrome.evaluate(frame, f"(() => {{ const m = (n) => "
-                                           f"Bokeh.documents[0].get_model_by_name(n); {choose}; }})()")
+                    chrome.evaluate(
+                        frame,
+                        f"(() => {{ const m = (n) => "
+                        f"Bokeh.documents[0].get_model_by_name(n); {choose}; }})()",
+                    )
                 try:
                     chrome.wait_for(_drawn(state), 60, state)
                 except AssertionError as e:
-                    raise AssertionError(f"{e}; the explorer said: {chrome.console(frame)[-5:]}")
-                for attempt in range(40):
+                    raise AssertionError(f"{e}; the explorer said: {chrome.console(frame)[-5:]}") from e
+                for _attempt in range(40):
                     shot = chrome.screenshot(tab, tmp_path / f"{state.replace('&', '_')}.png")
                     heat = _heat(shot, box)
                     if heat.any() and (before is None or not np.array_equal(heat, before)):
@@ -360,29 +395,47 @@ def test_the_explorer_in_the_mlflow_ui_changes_with_the_head_and_the_epoch(train
             w = explorer.decode_weights(entry["layers"][1])[0]  # (Q, K)
             q, k = w.shape[0] // 2, w.shape[1] // 2
             point = chrome.evaluate(frame, _CELL_JS % ((k + 0.5) / w.shape[1], (q + 0.5) / w.shape[0]))
-            chrome.call("Input.dispatchMouseEvent", tab, type="mouseMoved", x=box[0] + point["x"],
-                        y=box[1] + point["y"])
+            chrome.call(
+                "Input.dispatchMouseEvent",
+                tab,
+                type="mouseMoved",
+                x=box[0] + point["x"],
+                y=box[1] + point["y"],
+            )
             tip, deadline = "", time.monotonic() + 10
             while "weight" not in tip and time.monotonic() < deadline:
                 time.sleep(0.2)
                 tip = chrome.evaluate(frame, _TOOLTIP_JS)
-            assert re.sub(r"\s+", " ", tip) == (f"query: {entry['queries'][q]} key: {entry['keys'][k]} "
-                                                 f"weight: {w[q, k]:.4f}"), tip
+            assert re.sub(r"\s+", " ", tip) == (
+                f"query: {entry['queries'][q]} key: {entry['keys'][k]} weight: {w[q, k]:.4f}"
+            ), tip
             show(f"{base}&head=all&epoch=1", 'm("head").active = 0', epoch1)  # all heads again
             messages = chrome.console(frame)
-            said = [text.removeprefix("attnlab-explorer: drawn ") for _, text in messages
-                    if text.startswith("attnlab-explorer: drawn ")]
-            assert said == [f"{base}&head=all&epoch=2", f"{base}&head=3&epoch=2", f"{base}&head=1&epoch=2",
-                            f"{base}&head=1&epoch=1", f"{base}&head=all&epoch=1"]  # one draw per choice
-            requests = [e["params"]["request"]["url"] for e in chrome.events
-                        if e.get("method") == "Network.requestWillBeSent" and e.get("sessionId") == frame]
+            said = [
+                text.removeprefix("attnlab-explorer: drawn ")
+                for _, text in messages
+                if text.startswith("attnlab-explorer: drawn ")
+            ]
+            assert said == [
+                f"{base}&head=all&epoch=2",
+                f"{base}&head=3&epoch=2",
+                f"{base}&head=1&epoch=2",
+                f"{base}&head=1&epoch=1",
+                f"{base}&head=all&epoch=1",
+            ]  # one draw per choice
+            requests = [
+                e["params"]["request"]["url"]
+                for e in chrome.events
+                if e.get("method") == "Network.requestWillBeSent" and e.get("sessionId") == frame
+            ]
 
         # the same page opened on its own, its state from the URL fragment
         with DevTools(browser, tmp_path / "profile2") as chrome:
             tab = chrome.open(f"{local.as_uri()}#sentence=0&kind=decoder_self&layer=1&head=2&epoch=1")
             chrome.wait_for(_drawn("sentence=0&kind=decoder_self&layer=1&head=2&epoch=1"), 60)
             assert chrome.evaluate(tab, "document.documentElement.dataset.explorer") == (
-                "sentence=0&kind=decoder_self&layer=1&head=2&epoch=1")
+                "sentence=0&kind=decoder_self&layer=1&head=2&epoch=1"
+            )
             messages += chrome.console(tab)
     errors = [m for m in messages if m[0] in ("error", "assert", "exception", "warning")]
     assert errors == [], errors

@@ -1,4 +1,5 @@
 """attnlab.files: atomic writes and staged folders."""
+
 import errno
 import os
 import stat
@@ -15,6 +16,7 @@ def _mode(path) -> int:
 
 # --- write_json_atomic ---------------------------------------------------------
 
+
 def test_write_json_atomic_replaces_and_leaves_no_temp_file(tmp_path):
     path = tmp_path / "sub" / "r.json"
     write_json_atomic(path, {"b": 1, "a": [1, 2]})
@@ -25,10 +27,12 @@ def test_write_json_atomic_replaces_and_leaves_no_temp_file(tmp_path):
 
 # --- staged_dir -----------------------------------------------------------------
 
+
 def _tree(root) -> dict[str, bytes | None]:
     """Every path under ``root`` (relative) -> its bytes, ``None`` for a folder."""
-    return {str(p.relative_to(root)): (None if p.is_dir() else p.read_bytes())
-            for p in sorted(root.rglob("*"))}
+    return {
+        str(p.relative_to(root)): (None if p.is_dir() else p.read_bytes()) for p in sorted(root.rglob("*"))
+    }
 
 
 @pytest.fixture
@@ -61,10 +65,9 @@ def test_staged_dir_creates_a_missing_folder_and_its_parents(tmp_path):
 
 def test_staged_dir_error_leaves_the_old_folder_byte_identical(old_out):
     before = _tree(old_out)
-    with pytest.raises(SystemExit, match="tokenize failed"):
-        with staged_dir(old_out) as tmp:
-            (tmp / "spm.model").write_bytes(b"half")
-            raise SystemExit("tokenize failed: ...")
+    with pytest.raises(SystemExit, match="tokenize failed"), staged_dir(old_out) as tmp:
+        (tmp / "spm.model").write_bytes(b"half")
+        raise SystemExit("tokenize failed: ...")
     assert _tree(old_out) == before
     assert [p.name for p in old_out.parent.iterdir()] == [old_out.name]  # no temp folder behind
 
@@ -78,10 +81,10 @@ def test_staged_dir_puts_the_old_folder_back_if_the_new_cannot_take_its_place(ol
         if len(calls) == 2:  # 1: old aside, 2: new into place
             raise OSError(errno.EIO, "Input/output error")
         real_rename(src, dst)
+
     monkeypatch.setattr(files.os, "rename", rename)
-    with pytest.raises(OSError, match="Input/output"):
-        with staged_dir(old_out) as tmp:
-            (tmp / "spm.model").write_bytes(b"new model")
+    with pytest.raises(OSError, match="Input/output"), staged_dir(old_out) as tmp:
+        (tmp / "spm.model").write_bytes(b"new model")
     assert len(calls) == 3  # the third put the old folder back
     assert _tree(old_out) == before
     assert [p.name for p in old_out.parent.iterdir()] == [old_out.name]

@@ -1,15 +1,16 @@
 """Head statistics (Voita et al. 2019) against values computed by hand, and head masks
 (Michel et al. 2019) against an independent computation of what masking a head means."""
+
 import math
 
 import pytest
 import torch
 
-from attnlab.heads import diagonal_offset, head_statistics, row_statistics
+from attnlab.analysis.heads import diagonal_offset, head_statistics, row_statistics
+from attnlab.analysis.pruning import head_importance, head_names
 from attnlab.models.attention import MultiHeadAttention
 from attnlab.models.bahdanau import Bahdanau
 from attnlab.models.transformer import Transformer
-from attnlab.pruning import head_importance, head_names
 
 # --- statistics -------------------------------------------------------------------------
 
@@ -30,14 +31,21 @@ def test_a_one_hot_row_has_entropy_zero_and_confidence_one():
 def test_masked_keys_and_padded_queries_are_not_counted():
     """Sample 0: 3 valid keys of 4 and 2 valid queries of 3; sample 1: 4 keys, 1 query.
     The padded rows (garbage on purpose) and the masked key's weight must not count."""
-    w = torch.tensor([
-        [[1 / 3, 1 / 3, 1 / 3, 0.9],   # valid query, uniform over its 3 valid keys (+ a masked key)
-         [1.0, 0.0, 0.0, 0.0],         # valid query, one-hot
-         [0.1, 0.2, 0.3, 0.4]],        # padded query: not counted
-        [[0.5, 0.5, 0.0, 0.0],         # valid query: two keys
-         [0.25, 0.25, 0.25, 0.25],     # padded
-         [0.25, 0.25, 0.25, 0.25]],    # padded
-    ], dtype=torch.float64)[:, None]  # (2, 1, 3, 4)
+    w = torch.tensor(
+        [
+            [
+                [1 / 3, 1 / 3, 1 / 3, 0.9],  # valid query, uniform over its 3 valid keys (+ a masked key)
+                [1.0, 0.0, 0.0, 0.0],  # valid query, one-hot
+                [0.1, 0.2, 0.3, 0.4],
+            ],  # padded query: not counted
+            [
+                [0.5, 0.5, 0.0, 0.0],  # valid query: two keys
+                [0.25, 0.25, 0.25, 0.25],  # padded
+                [0.25, 0.25, 0.25, 0.25],
+            ],  # padded
+        ],
+        dtype=torch.float64,
+    )[:, None]  # (2, 1, 3, 4)
     entropy, confidence = row_statistics(w, torch.tensor([2, 1]), torch.tensor([3, 4]))
     by_hand_entropy = (math.log(3) + 0.0 + math.log(2)) / 3
     by_hand_confidence = (1 / 3 + 1.0 + 0.5) / 3
@@ -74,11 +82,14 @@ def test_diagonal_offset_by_hand():
 
 def _tiny_transformer(seed=0):
     torch.manual_seed(seed)
-    return Transformer(vocab_size=20, d_model=16, num_heads=4, num_layers=2, ffn_hidden=32, dropout=0.0).eval()
+    return Transformer(
+        vocab_size=20, d_model=16, num_heads=4, num_layers=2, ffn_hidden=32, dropout=0.0
+    ).eval()
 
 
 def _batch():
     from attnlab.data.batching import collate
+
     return collate([([5, 6, 7], [8, 9]), ([5, 6, 7, 10, 11], [8, 9, 12, 13])])
 
 
@@ -100,7 +111,8 @@ def test_head_statistics_of_bahdanau_is_its_one_alignment_head():
     torch.manual_seed(0)
     net = Bahdanau(vocab_size=20, embed_size=8, num_hiddens=16, num_layers=1, dropout=0.0).eval()
     assert set(head_statistics(net, _batch())) == {
-        f"{s}/alignment/layer1/head1" for s in ("entropy", "confidence", "diagonal_offset")}
+        f"{s}/alignment/layer1/head1" for s in ("entropy", "confidence", "diagonal_offset")
+    }
 
 
 # --- head masks ---------------------------------------------------------------------------
@@ -134,6 +146,7 @@ def test_masking_a_head_equals_zeroing_its_output_before_w_o(need_weights):
 
     def heads(x, W):  # (B, T, 16) → (B, 4, T, 4)
         return (x @ W.weight.T).reshape(x.shape[0], x.shape[1], 4, 4).transpose(1, 2)
+
     Qh, Kh, Vh = heads(q, mha.W_q), heads(kv, mha.W_k), heads(kv, mha.W_v)
     scores = Qh @ Kh.transpose(-1, -2) / 2.0  # √d = 2
     keep = torch.arange(5)[None, :] < lens[:, None]  # (B, K)
@@ -197,8 +210,11 @@ def test_importance_masks_each_head_alone_then_prunes_least_important_first():
     cost = {name: i + 1 for i, name in enumerate(names)}
 
     def score():
-        masked = [name for name in names
-                  if (m := net.attention_layers()[name[0]][name[1]].head_mask) is not None and m[name[2]] == 0]
+        masked = [
+            name
+            for name in names
+            if (m := net.attention_layers()[name[0]][name[1]].head_mask) is not None and m[name[2]] == 0
+        ]
         return 100.0 - sum(cost[n] for n in masked)
 
     result = head_importance(net, score)

@@ -1,4 +1,5 @@
 """EpochHistoryLogger: one CSV row per epoch from Lightning's separate metric calls, kept on resume."""
+
 import csv
 
 from attnlab.lit.history import EpochHistoryLogger
@@ -35,7 +36,9 @@ def test_a_resumed_run_keeps_earlier_epochs_and_replaces_the_relogged_one(tmp_pa
     resumed.log_metrics({"val_loss": 4.0, "epoch": 1.0}, step=15)
     resumed.log_metrics({"train_loss": 4.5, "epoch": 1.0}, step=15)
     assert [(r["epoch"], r["step"], r["train_loss"], r["val_loss"]) for r in _rows(path)] == [
-        ("1", "7", "5.0", "4.5"), ("2", "15", "4.5", "4.0")]
+        ("1", "7", "5.0", "4.5"),
+        ("2", "15", "4.5", "4.0"),
+    ]
     fresh = EpochHistoryLogger(path)  # not resuming: starts empty
     fresh.log_metrics({"val_loss": 3.0, "epoch": 0.0}, step=7)
     assert [(r["epoch"], r["val_loss"]) for r in _rows(path)] == [("1", "3.0")]

@@ -3,6 +3,7 @@
 Reference: PyTorch's ``F.cross_entropy(F.linear(h, W, b), y, label_smoothing=ε)``
 (and a by-hand float64 formula); values and gradients must agree.
 """
+
 import math
 
 import pytest
@@ -28,7 +29,7 @@ def test_by_hand_two_tokens_three_classes():
     h = torch.tensor([[1.0, 2.0, 0.0], [0.0, 0.0, 0.0]])
     y = torch.tensor([1, 2])
     eps = 0.3
-    lse0 = math.log(math.e + math.e ** 2 + 1.0)
+    lse0 = math.log(math.e + math.e**2 + 1.0)
     want0 = lse0 - 0.7 * 2.0 - 0.1 * 3.0  # −(1−ε) z_y − (ε/V) Σ z
     want1 = math.log(3.0)  # uniform logits: every target distribution costs log V
     got = linear_cross_entropy(h, torch.eye(3), None, y, eps)
@@ -73,13 +74,22 @@ def test_tied_embedding_gradients_add_up():
     """A Transformer with tied embeddings: the weight gets the embedding's and the output's share."""
     torch.manual_seed(0)
     net = Transformer(30, d_model=16, num_heads=2, num_layers=1, ffn_hidden=32, dropout=0.0)
-    batch = {"src": torch.tensor([[5, 6, 7, 2], [8, 9, 2, 0]]), "src_valid_lens": torch.tensor([4, 3]),
-             "tgt_in": torch.tensor([[1, 10, 11], [1, 12, PAD_ID]]),
-             "tgt_out": torch.tensor([[10, 11, 2], [12, 2, PAD_ID]])}
+    batch = {
+        "src": torch.tensor([[5, 6, 7, 2], [8, 9, 2, 0]]),
+        "src_valid_lens": torch.tensor([4, 3]),
+        "tgt_in": torch.tensor([[1, 10, 11], [1, 12, PAD_ID]]),
+        "tgt_out": torch.tensor([[10, 11, 2], [12, 2, PAD_ID]]),
+    }
     params = list(net.parameters())
-    ref, ref_grads = _grads(lambda: F.cross_entropy(
-        net(batch["src"], batch["src_valid_lens"], batch["tgt_in"]).flatten(0, 1),
-        batch["tgt_out"].flatten(), ignore_index=PAD_ID, label_smoothing=0.1), *params)
+    ref, ref_grads = _grads(
+        lambda: F.cross_entropy(
+            net(batch["src"], batch["src_valid_lens"], batch["tgt_in"]).flatten(0, 1),
+            batch["tgt_out"].flatten(),
+            ignore_index=PAD_ID,
+            label_smoothing=0.1,
+        ),
+        *params,
+    )
     got, got_grads = _grads(lambda: sequence_loss(net, batch, 0.1, chunk_size=2), *params)
     torch.testing.assert_close(got, ref, rtol=1e-6, atol=1e-6)
     for a, r in zip(got_grads, ref_grads):

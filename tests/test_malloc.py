@@ -1,9 +1,10 @@
-"""The served model caps glibc's malloc arenas (:mod:`attnlab.export.malloc`) when it loads.
+"""The served model caps glibc's malloc arenas (:mod:`attnlab.serving.malloc`) when it loads.
 
 Counted with glibc's own ``malloc_info``: 8 threads that allocate at the same time get
 their own arenas unless the cap holds (the load behaviour it fixes is measured by
 ``benchmarks/serve_load.py`` and bounded in tests/test_serving_load.py).
 """
+
 import os
 import platform
 import subprocess
@@ -11,15 +12,15 @@ import sys
 
 import pytest
 
-from attnlab.export.malloc import cap_malloc_arenas
-from serve_harness import tiny_export
+from attnlab.serving.malloc import cap_malloc_arenas
+from helpers.serve_harness import tiny_export
 
 COUNT_ARENAS = r"""
 import ctypes, ctypes.util, sys, tempfile, threading
-from attnlab.export.malloc import cap_malloc_arenas
+from attnlab.serving.malloc import cap_malloc_arenas
 if sys.argv[1].startswith("served:"):  # what the scoring server does: load the served model
     from types import SimpleNamespace
-    from attnlab.serving import TranslationModel
+    from attnlab.serving.model import TranslationModel
     TranslationModel().load_context(SimpleNamespace(artifacts={"export": sys.argv[1][7:]}))
     print("served")
 else:
@@ -44,10 +45,19 @@ glibc = pytest.mark.skipif(platform.libc_ver()[0] != "glibc", reason="malloc are
 
 
 def _arenas(cap: str, **env: str) -> tuple[str, int]:
-    clean = {k: v for k, v in os.environ.items()
-             if k not in ("MALLOC_ARENA_MAX", "GLIBC_TUNABLES", "ATTNLAB_MALLOC_ARENAS")}
-    out = subprocess.run([sys.executable, "-c", COUNT_ARENAS, cap], env={**clean, **env},
-                         capture_output=True, text=True, check=True, timeout=60).stdout.split()
+    clean = {
+        k: v
+        for k, v in os.environ.items()
+        if k not in ("MALLOC_ARENA_MAX", "GLIBC_TUNABLES", "ATTNLAB_MALLOC_ARENAS")
+    }
+    out = subprocess.run(
+        [sys.executable, "-c", COUNT_ARENAS, cap],
+        env={**clean, **env},
+        capture_output=True,
+        text=True,
+        check=True,
+        timeout=60,
+    ).stdout.split()
     return out[0], int(out[1])
 
 

@@ -1,10 +1,14 @@
 """BLEU: D2L's sentence BLEU by hand, sacreBLEU corpus scores against sacrebleu itself."""
+
+import gzip
 import math
+from pathlib import Path
 
 import pytest
 import sacrebleu
+import torch
 
-from attnlab.metrics import corpus_scores, d2l_bleu
+from attnlab.metrics import CorpusScores, corpus_scores, d2l_bleu, sacrebleu_signatures
 
 
 def test_exact_two_token_match_scores_one_with_k4():
@@ -24,7 +28,8 @@ def test_d2l_table_value():
     # D2L 10.7.6: pred "il est calme ." vs label "il est calme ." → 1; one wrong word:
     # p1 = 3/4 (il, est, .), p2 = 1/3 ("il est") → (3/4)^(1/2) (1/3)^(1/4)
     assert d2l_bleu("il est mouillé .", "il est calme .", 2) == pytest.approx(
-        (3 / 4) ** 0.5 * (1 / 3) ** 0.25)
+        (3 / 4) ** 0.5 * (1 / 3) ** 0.25
+    )
 
 
 def test_narrow_no_break_space_splits_tokens():
@@ -57,52 +62,57 @@ def test_corpus_scores_length_mismatch():
 # Every expected number below is sacreBLEU's own, computed here on the same pairs; the metric
 # must reproduce it to 1e-9 however the pairs are batched or split across (simulated) ranks.
 
-import gzip
-from pathlib import Path
-
-import torch
-
-from attnlab.metrics import CorpusScores, sacrebleu_signatures
-
 PROJECT_ROOT = Path(__file__).resolve().parents[1]
 HYPOTHESES = PROJECT_ROOT / "metrics/transformer.hyp.txt"  # evaluate's committed system output
 
 TRICKY = {  # name: (hypotheses, references), one reference per hypothesis
     "empty hypothesis among others": (
         ["", "A dog runs on the grass .", "   "],
-        ["A man is sleeping .", "A dog runs on the green grass .", "Two kids play ."]),
+        ["A man is sleeping .", "A dog runs on the green grass .", "Two kids play ."],
+    ),
     "all hypotheses empty": (["", ""], ["Un homme dort.", "Deux enfants jouent."]),
     "no 4-gram match ('exp' smoothing)": (
         ["A Man Rides A Bike .", "the cat sat", "Hi ."],
-        ["a man rides a bike .", "the cat sat on the mat", "Hi there ."]),
+        ["a man rides a bike .", "the cat sat on the mat", "Hi there ."],
+    ),
     "single short sentence": (["Hi ."], ["Hi there ."]),
     "numbers": (
         ["Il coûte 1,000.50 $ en 2016.", "3.5 km à 10h30", "Le 1er mai, 42 %"],
-        ["Il coûte 1,000.50$ en 2016.", "3,5 km à 10 h 30", "Le 1er mai, 42%"]),
+        ["Il coûte 1,000.50$ en 2016.", "3,5 km à 10 h 30", "Le 1er mai, 42%"],
+    ),
     "punctuation": (
         ["Wait... what?!", "(yes) - no", "Un homme—en bleu—court ; vite !"],
-        ["Wait ... what ?!", "( yes ) -- no", "Un homme - en bleu - court; vite!"]),
+        ["Wait ... what ?!", "( yes ) -- no", "Un homme - en bleu - court; vite!"],
+    ),
     "apostrophes": (
         ["l'homme n'est pas là", "it's John's dog", "aujourd’hui c’est l'été"],
-        ["L' homme n' est pas là", "it 's John's dog", "aujourd'hui c'est l’été"]),
+        ["L' homme n' est pas là", "it 's John's dog", "aujourd'hui c'est l’été"],
+    ),
     "quotes": (
         ['Il dit « bonjour » et "salut"', "“Stop”, she said.", "'quoted'"],
-        ['Il dit "bonjour" et « salut »', '"Stop", she said.', "' quoted '"]),
+        ['Il dit "bonjour" et « salut »', '"Stop", she said.', "' quoted '"],
+    ),
     "narrow no-break and no-break spaces": (
-        ["Va\u202f! Quoi\u00a0?", "Ça va\u202f?"], ["Va ! Quoi ?", "Ça va ?"]),
+        ["Va\u202f! Quoi\u00a0?", "Ça va\u202f?"],
+        ["Va ! Quoi ?", "Ça va ?"],
+    ),
     "odd unicode": (
         ["Une femme naïve mange un crème brûlée 🍮.", "Cafe\u0301 ouvert"],
-        ["Une femme naïve mange une crème brûlée.", "Café ouvert"]),
+        ["Une femme naïve mange une crème brûlée.", "Café ouvert"],
+    ),
     "hypothesis longer than reference": (
         ["Two men are playing a game of chess in the park today ."],
-        ["Two men are playing chess ."]),
+        ["Two men are playing chess ."],
+    ),
 }
 
 
 def _sacrebleu(hyps, refs):
-    return {"bleu": sacrebleu.corpus_bleu(hyps, [refs]).score,
-            "bleu_lc": sacrebleu.corpus_bleu(hyps, [refs], lowercase=True).score,
-            "chrf": sacrebleu.corpus_chrf(hyps, [refs]).score}
+    return {
+        "bleu": sacrebleu.corpus_bleu(hyps, [refs]).score,
+        "bleu_lc": sacrebleu.corpus_bleu(hyps, [refs], lowercase=True).score,
+        "chrf": sacrebleu.corpus_chrf(hyps, [refs]).score,
+    }
 
 
 def _chunks(n):
@@ -173,8 +183,7 @@ def test_states_summed_across_two_ranks_give_one_corpus_score():
 def test_states_are_integer_counts_and_reset_clears_them():
     metric = CorpusScores()
     metric.update(["Un homme dort ."], ["Un homme dort."])
-    assert all(getattr(metric, k).dtype == torch.int64
-               for k in ("bleu_stats", "bleu_lc_stats", "chrf_stats"))
+    assert all(getattr(metric, k).dtype == torch.int64 for k in ("bleu_stats", "bleu_lc_stats", "chrf_stats"))
     assert metric.bleu_stats.shape == (10,) and metric.chrf_stats.shape == (18,)
     # hyp_len, ref_len (13a splits the final '.'), 1..4-gram matches, 1..4-gram totals
     assert metric.bleu_stats.tolist() == [4, 4, 4, 3, 2, 1, 4, 3, 2, 1]
@@ -222,12 +231,15 @@ def real_test_2016_check(hyp_path: Path, mirror: Path):
 
 def test_metric_equals_sacrebleu_on_real_test_2016_output(mirror_dir):
     if not HYPOTHESES.is_file():
-        pytest.skip(f"no {HYPOTHESES.relative_to(PROJECT_ROOT)}: the committed transformer system "
-                    "output appears after the next pipeline run (dvc repro evaluate@transformer)")
+        pytest.skip(
+            f"no {HYPOTHESES.relative_to(PROJECT_ROOT)}: the committed transformer system "
+            "output appears after the next pipeline run (dvc repro evaluate@transformer)"
+        )
     real_test_2016_check(HYPOTHESES, mirror_dir)
 
 
 # --- val_loss: a token-weighted MeanMetric -------------------------------------------------
+
 
 def test_val_loss_is_the_mean_over_all_target_tokens_of_two_batches():
     import torch.nn.functional as F
@@ -236,21 +248,35 @@ def test_val_loss_is_the_mean_over_all_target_tokens_of_two_batches():
     from attnlab.lit.translation import TranslationModule
 
     torch.manual_seed(0)
-    net_cfg = {"_target_": "attnlab.models.transformer.Transformer", "d_model": 16, "num_heads": 2,
-               "num_layers": 1, "ffn_hidden": 32, "dropout": 0.0}
+    net_cfg = {
+        "_target_": "attnlab.models.transformer.Transformer",
+        "d_model": 16,
+        "num_heads": 2,
+        "num_layers": 1,
+        "ffn_hidden": 32,
+        "dropout": 0.0,
+    }
     m = TranslationModule(net_cfg, {"_target_": "torch.optim.Adam", "_partial_": True}, vocab_size=30)
     m.eval()
     tgt_out = [torch.randint(4, 30, (3, 6)), torch.randint(4, 30, (2, 3))]
     tgt_out[0][0, 2:] = PAD_ID  # 14 target tokens in the first batch, 6 in the second
-    batches = [{"src": torch.randint(4, 30, (len(t), 5)), "src_valid_lens": torch.full((len(t),), 5),
-                "tgt_in": torch.randint(4, 30, t.shape), "tgt_out": t} for t in tgt_out]
+    batches = [
+        {
+            "src": torch.randint(4, 30, (len(t), 5)),
+            "src_valid_lens": torch.full((len(t),), 5),
+            "tgt_in": torch.randint(4, 30, t.shape),
+            "tgt_out": t,
+        }
+        for t in tgt_out
+    ]
     total, ntok = 0.0, 0
     with torch.no_grad(), pytest.warns(UserWarning, match="trainer. reference is not registered"):
         for i, batch in enumerate(batches):
             m.validation_step(batch, i)
             logits = m.net(batch["src"], batch["src_valid_lens"], batch["tgt_in"])
-            total += F.cross_entropy(logits.flatten(0, 1), batch["tgt_out"].flatten(),
-                                     ignore_index=PAD_ID, reduction="sum").item()
+            total += F.cross_entropy(
+                logits.flatten(0, 1), batch["tgt_out"].flatten(), ignore_index=PAD_ID, reduction="sum"
+            ).item()
             ntok += int((batch["tgt_out"] != PAD_ID).sum())
     assert ntok == 20
     batch_means = [m._loss(b, 0.0).item() for b in batches]

@@ -8,6 +8,7 @@ then plays two more parts: a workspace where two `dvc repro` run at once, and th
 machine that `dvc push`es its results for a fresh `git clone` + `dvc pull`. Last,
 `mlflow ui` serves its MLflow store to the UI's own REST endpoints and to headless Chromium.
 """
+
 import contextlib
 import hashlib
 import json
@@ -26,9 +27,12 @@ import torch
 import yaml
 from omegaconf import OmegaConf
 
-from browser import PNG_MAGIC, WINDOW, chromium as _chromium, find_browser as _browser
-from browser import http as _http, mlflow_ui as _mlflow_ui
-from corpus_fixture import write_mirror
+from helpers.browser import PNG_MAGIC, WINDOW
+from helpers.browser import chromium as _chromium
+from helpers.browser import find_browser as _browser
+from helpers.browser import http as _http
+from helpers.browser import mlflow_ui as _mlflow_ui
+from helpers.corpus_fixture import write_mirror
 
 ROOT = Path(__file__).resolve().parents[1]
 MODELS = ("nw", "bahdanau", "transformer")
@@ -37,8 +41,7 @@ HEATMAP_SENTENCES = [0, 1]  # validation sentences whose attention maps are draw
 
 
 def _env(mirror: Path) -> dict:
-    env = {k: v for k, v in os.environ.items()
-           if k != "MLFLOW_TRACKING_URI"}
+    env = {k: v for k, v in os.environ.items() if k != "MLFLOW_TRACKING_URI"}
     env["ATTNLAB_DATA_MIRROR"] = str(mirror)
     env["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{env.get('PATH', '')}"
     return env
@@ -52,8 +55,14 @@ def _edit(path: Path, **updates) -> None:
 
 
 def dvc(project: Path, *args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "dvc", *args], cwd=project, env=project.env,
-                          capture_output=True, text=True, timeout=600)
+    return subprocess.run(
+        [sys.executable, "-m", "dvc", *args],
+        cwd=project,
+        env=project.env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
 
 
 class Project(type(Path())):
@@ -68,24 +77,35 @@ def project(tmp_path_factory):
     root.mkdir()
     for name in ("conf", "src", "dvc.yaml", "params.yaml"):
         src = ROOT / name
-        (shutil.copytree(src, root / name, ignore=shutil.ignore_patterns("__pycache__"))
-         if src.is_dir() else shutil.copy(src, root / name))
+        (
+            shutil.copytree(src, root / name, ignore=shutil.ignore_patterns("__pycache__"))
+            if src.is_dir()
+            else shutil.copy(src, root / name)
+        )
     digests = write_mirror(base / "mirror")
     download = OmegaConf.load(root / "conf/download.yaml")
     download.sources = {rel: {"sha256": [d]} for rel, d in digests.items()}
     OmegaConf.save(download, root / "conf/download.yaml")
     _edit(root / "conf/data/multi30k.yaml", vocab_size=150, val_bleu_sentences=4)
     _edit(root / "conf/config.yaml", **{"heatmaps.sentences": HEATMAP_SENTENCES})  # ~1 s per PNG
-    _edit(root / "conf/model/transformer.yaml", **{"net.d_model": 32, "net.ffn_hidden": 64,
-                                                   "batch_size": 8, "warmup_steps": 5})
-    _edit(root / "conf/model/bahdanau.yaml", **{"net.embed_size": 16, "net.num_hiddens": 32,
-                                                "batch_size": 8})
+    _edit(
+        root / "conf/model/transformer.yaml",
+        **{"net.d_model": 32, "net.ffn_hidden": 64, "batch_size": 8, "warmup_steps": 5},
+    )
+    _edit(root / "conf/model/bahdanau.yaml", **{"net.embed_size": 16, "net.num_hiddens": 32, "batch_size": 8})
     # 2 epochs, none of the default recipe's overrides (a linear decay after 200 warm-up steps cannot
     # plan a few tiny steps; the experiments below compare against empty overrides)
-    _edit(root / "params.yaml", **{"models.bahdanau.max_epochs": 2,
-                                   "models.transformer.max_epochs": 2, "nw.max_epochs": 3,
-                                   "models.transformer.overrides": "", "models.bahdanau.overrides": "",
-                                   "device": "cpu"})
+    _edit(
+        root / "params.yaml",
+        **{
+            "models.bahdanau.max_epochs": 2,
+            "models.transformer.max_epochs": 2,
+            "nw.max_epochs": 3,
+            "models.transformer.overrides": "",
+            "models.bahdanau.overrides": "",
+            "device": "cpu",
+        },
+    )
     root.env = _env(base / "mirror")
     subprocess.run([sys.executable, "-m", "dvc", "init", "--no-scm", "-q"], cwd=root, check=True)
     result = dvc(root, "repro")
@@ -96,7 +116,7 @@ def project(tmp_path_factory):
 def test_every_stage_wrote_its_outputs(project):
     from attnlab.checkpoint import load_net
     from attnlab.data.tokenizer import load_sentencepiece
-    from attnlab.decoding import translate_text
+    from attnlab.inference.decoding import translate_text
 
     assert (project / "data/raw/multi30k/train.en.gz").exists()
     assert (project / "data/raw/fra-eng.zip").exists()
@@ -133,9 +153,14 @@ def test_every_stage_wrote_its_outputs(project):
         net = load_net(project / f"checkpoints/{m}/best.ckpt", expected_kind=m).eval()
         sources_2017 = (tok / "test_2017.src.txt").read_text(encoding="utf-8").splitlines()
         assert sources_2017 == _test_references(project, "en", "test_2017_flickr")
-        assert hyps_2017 == translate_text(net.init_state, net.step, tokenizer, sources_2017,
-                                           beam_size=scores["decoding"]["beam_size"],
-                                           alpha=scores["decoding"]["alpha"])
+        assert hyps_2017 == translate_text(
+            net.init_state,
+            net.step,
+            tokenizer,
+            sources_2017,
+            beam_size=scores["decoding"]["beam_size"],
+            alpha=scores["decoding"]["alpha"],
+        )
 
 
 def test_head_importance_masks_each_head_of_the_trained_transformer(project):
@@ -143,12 +168,15 @@ def test_head_importance_masks_each_head_of_the_trained_transformer(project):
     here); every one of its 2 × 3 × 4 heads is masked alone, then pruned one by one."""
     from attnlab.checkpoint import load_net
     from attnlab.data.tokenizer import load_sentencepiece
-    from attnlab.decoding import translate_text
+    from attnlab.inference.decoding import translate_text
 
     result = json.loads((project / "plots/heads/transformer/importance.json").read_text())
     metrics = json.loads((project / "metrics/transformer.heads.json").read_text())
     tok = project / "data/tokenized/multi30k-en-fr"
-    sources, references = (tok / "val.src.txt").read_text().splitlines(), (tok / "val.tgt.txt").read_text().splitlines()
+    sources, references = (
+        (tok / "val.src.txt").read_text().splitlines(),
+        (tok / "val.tgt.txt").read_text().splitlines(),
+    )
     net = load_net(project / "checkpoints/transformer/best.ckpt", expected_kind="transformer").eval()
     hyps = translate_text(net.init_state, net.step, load_sentencepiece(tok / "spm.model"), sources)
     assert result["score"] == metrics["val_bleu"] == sacrebleu.corpus_bleu(hyps, [references]).score
@@ -175,21 +203,27 @@ def _logged_hypotheses(project: Path, model: str, test_set: str) -> list[str]:
 
     client = MlflowClient(tracking_uri=f"sqlite:///{project}/mlflow.db")
     run_id = json.loads((project / f"runs/{model}.json").read_text())["run_id"]
-    local = client.download_artifacts(run_id, f"evaluation/{test_set}.hyp.txt",
-                                      str(project / f"dl-hyp-{model}"))
+    local = client.download_artifacts(
+        run_id, f"evaluation/{test_set}.hyp.txt", str(project / f"dl-hyp-{model}")
+    )
     return Path(local).read_text(encoding="utf-8").splitlines()
 
 
 def _assert_says_what_it_measured(scores: dict, src_lang: str, tgt_lang: str) -> None:
     """metrics/<model>.json names the corpus, pair, test set, decoding and sacreBLEU signatures."""
     assert (scores["corpus"], scores["src_lang"], scores["tgt_lang"], scores["test_set"]) == (
-        "multi30k", src_lang, tgt_lang, "test_2016_flickr")
+        "multi30k",
+        src_lang,
+        tgt_lang,
+        "test_2016_flickr",
+    )
     assert (scores["decoding"]["beam_size"], scores["decoding"]["alpha"]) == (5, 1.0)
     version = sacrebleu.__version__
     assert scores["signature"] == {
         "bleu": f"nrefs:1|case:mixed|eff:no|tok:13a|smooth:exp|version:{version}",
         "bleu_lc": f"nrefs:1|case:lc|eff:no|tok:13a|smooth:exp|version:{version}",
-        "chrf": f"nrefs:1|case:mixed|eff:yes|nc:6|nw:0|space:no|version:{version}"}
+        "chrf": f"nrefs:1|case:mixed|eff:yes|nc:6|nw:0|space:no|version:{version}",
+    }
 
 
 def test_mlflow_store_has_runs_metrics_and_heatmaps(project):
@@ -225,13 +259,18 @@ def test_mlflow_store_has_runs_metrics_and_heatmaps(project):
         scores = json.loads((project / f"metrics/{m}.json").read_text())
         tags = run.data.tags
         assert (tags["corpus"], tags["src_lang"], tags["tgt_lang"], tags["test_set"]) == (
-            "multi30k", "en", "fr", "test_2016_flickr")
+            "multi30k",
+            "en",
+            "fr",
+            "test_2016_flickr",
+        )
         assert tags["test_bleu_signature"] == scores["signature"]["bleu"]
         assert json.loads(tags["test_decoding"]) == scores["decoding"]
         assert run.data.metrics["test_bleu"] == scores["bleu"]
         more = scores["more_test_sets"]["test_2017_flickr"]
-        assert [run.data.metrics[f"{k}/test_2017_flickr"] for k in ("test_bleu", "test_bleu_lc", "test_chrf")] == [
-            more["bleu"], more["bleu_lc"], more["chrf"]]
+        assert [
+            run.data.metrics[f"{k}/test_2017_flickr"] for k in ("test_bleu", "test_bleu_lc", "test_chrf")
+        ] == [more["bleu"], more["bleu_lc"], more["chrf"]]
         losses = [h.value for h in client.get_metric_history(run.info.run_id, "train_loss")]
         assert losses[-1] < losses[0]
         assert any(f.startswith("attention/sent0_") for f in artifacts(run.info.run_id))
@@ -241,8 +280,8 @@ def test_mlflow_store_has_runs_metrics_and_heatmaps(project):
     nw_pngs = {f for f in artifacts(runs["nw"].info.run_id) if f.startswith("attention/")}
     assert {f"attention/nw_{k}.png" for k in ("gaussian", "boxcar", "constant", "epanechnikov")} <= nw_pngs
     assert runs["nw"].data.metrics["test_mse"] == pytest.approx(
-        json.loads((project / "metrics/nw.json").read_text())["mse"])
-
+        json.loads((project / "metrics/nw.json").read_text())["mse"]
+    )
 
 
 def test_history_csv_and_heatmaps_match_the_mlflow_run(project):
@@ -268,16 +307,19 @@ def test_history_csv_and_heatmaps_match_the_mlflow_run(project):
         assert len(stats) == heads, stats
         keys += tuple(stats[:2]) + tuple(k for k in stats if k.startswith("diagonal_offset"))[:1]
         for key in stats:  # entropy in [0, log K], confidence in [1/K, 1], offset in [0, 1]
-            assert all(0.0 <= float(r[key]) <= (math.log(100) if key.startswith("entropy") else 1.0)
-                       for r in rows), key
+            assert all(
+                0.0 <= float(r[key]) <= (math.log(100) if key.startswith("entropy") else 1.0) for r in rows
+            ), key
         for key in keys:
             logged = client.get_metric_history(run_id, key)
             assert [(int(r["step"]), float(r[key])) for r in rows] == [(h.step, h.value) for h in logged], key
-        local = sorted(p.relative_to(project / f"plots/{m}").as_posix()
-                       for p in (project / f"plots/{m}/attention").rglob("*.png"))
+        local = sorted(
+            p.relative_to(project / f"plots/{m}").as_posix()
+            for p in (project / f"plots/{m}/attention").rglob("*.png")
+        )
         final = [a.path for a in client.list_artifacts(run_id, "attention") if not a.is_dir]
         assert [f for f in local if f.count("/") == 1] == sorted(f for f in final if f.endswith(".png"))
-        # the explorer (attnlab.explorer): beside the PNG folder locally, the same bytes in MLflow
+        # the explorer (attnlab.analysis.explorer): beside the PNG folder locally, the same bytes in MLflow
         assert "attention/explorer.html" in final
         got = client.download_artifacts(run_id, "attention/explorer.html", str(project / f"dl-explorer-{m}"))
         assert Path(got).read_bytes() == (project / f"plots/{m}/explorer.html").read_bytes()
@@ -288,11 +330,15 @@ def test_history_csv_and_heatmaps_match_the_mlflow_run(project):
         for epoch in range(1, epochs + 1):
             folder = f"attention/epochs/epoch{epoch:02d}"
             logged = sorted(a.path for a in client.list_artifacts(run_id, folder))
-            expected = sorted(f"{folder}/sent{i}_{kind}_layer{l}.png"
-                              for i in HEATMAP_SENTENCES for l in range(1, layers + 1))
+            expected = sorted(
+                f"{folder}/sent{i}_{kind}_layer{layer}.png"
+                for i in HEATMAP_SENTENCES
+                for layer in range(1, layers + 1)
+            )
             assert logged == expected and [f for f in local if f.startswith(folder)] == expected
             got = client.download_artifacts(run_id, expected[0], str(project / f"dl-epochs-{m}"))
             assert Path(got).read_bytes() == (project / f"plots/{m}" / expected[0]).read_bytes()
+
 
 def test_second_repro_has_nothing_to_do(project):
     status = dvc(project, "status")
@@ -307,8 +353,12 @@ def test_model_config_edit_invalidates_only_that_model(project):
         changed = json.loads(dvc(project, "status", "--json").stdout)
         # evaluate and export read the file too (its `decoding` settings), and head_importance
         # (its model); nothing of Bahdanau or NW
-        assert set(changed) == {"train@transformer", "evaluate@transformer", "export@transformer",
-                                "head_importance"}
+        assert set(changed) == {
+            "train@transformer",
+            "evaluate@transformer",
+            "export@transformer",
+            "head_importance",
+        }
     finally:
         path.write_text(original)
     assert "up to date" in dvc(project, "status").stdout
@@ -316,26 +366,34 @@ def test_model_config_edit_invalidates_only_that_model(project):
 
 def test_export_decodes_like_the_checkpoint(project):
     from attnlab.data.tokenizer import load_sentencepiece
-    from attnlab.decoding import translate
-    from attnlab.export.translator import load_translator
+    from attnlab.inference.decoding import translate
     from attnlab.lit.translation import TranslationModule
+    from attnlab.serving.translator import load_translator
 
     tok_dir = project / "data/tokenized/multi30k-en-fr"
     sources = (tok_dir / "test.src.txt").read_text().splitlines()
     sp = load_sentencepiece(tok_dir / "spm.model")
     for m in SEQ2SEQ:
-        ckpt = TranslationModule.load_from_checkpoint(project / f"checkpoints/{m}/best.ckpt",
-                                                      map_location="cpu", weights_only=True)
+        ckpt = TranslationModule.load_from_checkpoint(
+            project / f"checkpoints/{m}/best.ckpt", map_location="cpu", weights_only=True
+        )
         ckpt.net.eval()
         init_state, step, tok, _ = load_translator(project / f"models/{m}")
         exported = translate(init_state, step, tok, sources)
         assert exported == translate(ckpt.net.init_state, ckpt.net.step, sp, sources)
     hyps = (project / "metrics/transformer.hyp.txt").read_text().splitlines()
-    out = subprocess.run([sys.executable, "src/translate.py", "model=transformer"], cwd=project,
-                         env=project.env, input="\n".join(sources) + "\n", capture_output=True,
-                         text=True, timeout=300)
+    out = subprocess.run(
+        [sys.executable, "src/translate.py", "model=transformer"],
+        cwd=project,
+        env=project.env,
+        input="\n".join(sources) + "\n",
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert out.returncode == 0, out.stderr[-2000:]
     assert out.stdout.splitlines() == hyps
+    assert "Device information mismatch" not in out.stderr  # the AVX2 step, loaded quietly
 
 
 @pytest.mark.parametrize("model", SEQ2SEQ)
@@ -349,11 +407,12 @@ def test_a_real_sentence_translates_the_same_alone_and_in_any_batch(project, mir
 
     from attnlab.checkpoint import load_net
     from attnlab.data.tokenizer import load_sentencepiece
-    from attnlab.decoding import translate
-    from attnlab.export.translator import load_translator
+    from attnlab.inference.decoding import translate
+    from attnlab.serving.translator import load_translator
 
-    sources = gzip.decompress((mirror_dir / "multi30k/test_2016_flickr.en.gz").read_bytes()
-                              ).decode().splitlines()
+    sources = (
+        gzip.decompress((mirror_dir / "multi30k/test_2016_flickr.en.gz").read_bytes()).decode().splitlines()
+    )
     sp = load_sentencepiece(project / "data/tokenized/multi30k-en-fr/spm.model")
     net = load_net(project / f"checkpoints/{model}/best.ckpt", expected_kind=model)
     init_state, step, tok, _ = load_translator(project / f"models/{model}")
@@ -376,37 +435,71 @@ def test_a_real_sentence_translates_the_same_alone_and_in_any_batch(project, mir
 
 # What users type: every one must reach the model verbatim (Hydra's override grammar would
 # reject or retype many of them: quotes, commas, brackets, true/null, numbers, ${...}).
-HOSTILE = ["A man's dog runs.", 'He said "hello" to her.', "a = b", "red, white, blue", "[brackets]",
-           "(parentheses)", "{braces}", "true", "null", "1e3", "42", "-x", "--help", "+text=x",
-           "${oc.env:HOME}", "'single quotes'", "Ελληνικά γράμματα.", "中文句子。", "   ", "\u200b",
-           "Deux chiens\u202f!", ""]
+HOSTILE = [
+    "A man's dog runs.",
+    'He said "hello" to her.',
+    "a = b",
+    "red, white, blue",
+    "[brackets]",
+    "(parentheses)",
+    "{braces}",
+    "true",
+    "null",
+    "1e3",
+    "42",
+    "-x",
+    "--help",
+    "+text=x",
+    "${oc.env:HOME}",
+    "'single quotes'",
+    "Ελληνικά γράμματα.",
+    "中文句子。",
+    "   ",
+    "\u200b",
+    "Deux chiens\u202f!",
+    "",
+]
 
 
 @pytest.mark.parametrize("model", SEQ2SEQ)
 def test_translate_py_shows_the_attention_of_the_translation_it_printed(project, tmp_path, model):
     """`+show_attention=true` on the pipeline's own export: the printed line is the translation,
     the PNGs and the explorer page hold the weights the checkpoint's own forward pass gives."""
+    from attnlab.analysis.explorer import decode_weights, read_data
     from attnlab.data.special_tokens import BOS_ID
-    from attnlab.explorer import decode_weights, read_data
-    from attnlab.export.translator import Translator
     from attnlab.lit.translation import TranslationModule
+    from attnlab.serving.translator import Translator
 
     sentence = (project / "data/tokenized/multi30k-en-fr/test.src.txt").read_text().splitlines()[0]
-    run = subprocess.run([sys.executable, "src/translate.py", f"model={model}", f"+text={sentence}",
-                          "+show_attention=true", f"hydra.run.dir={tmp_path}"], cwd=project,
-                         env=project.env, capture_output=True, text=True, timeout=300)
+    run = subprocess.run(
+        [
+            sys.executable,
+            "src/translate.py",
+            f"model={model}",
+            f"+text={sentence}",
+            "+show_attention=true",
+            f"hydra.run.dir={tmp_path}",
+        ],
+        cwd=project,
+        env=project.env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert run.returncode == 0, run.stderr[-2000:]
     translator = Translator(project / f"models/{model}")
     (a,) = translator.align([sentence])
     assert run.stdout == a.translation + "\n" and f"explorer: {tmp_path / 'attention'}" in run.stderr
-    net = TranslationModule.load_from_checkpoint(project / f"checkpoints/{model}/best.ckpt",
-                                                 map_location="cpu", weights_only=True).net.eval()
+    net = TranslationModule.load_from_checkpoint(
+        project / f"checkpoints/{model}/best.ckpt", map_location="cpu", weights_only=True
+    ).net.eval()
     src, valid = translator.tokenizer.encode_sources([sentence])
     ids = [translator.tokenizer.piece_to_id(t) for t in a.target_tokens]
     maps = net.attention_maps(src, valid, torch.tensor([[BOS_ID] + ids[:-1]]))[a.kind]
     torch.testing.assert_close(a.weights, torch.stack(maps, 1)[0], atol=1e-5, rtol=0)
     assert sorted(p.name for p in (tmp_path / "attention").glob("*.png")) == [
-        f"sent0_{a.kind}_layer{layer}.png" for layer in range(1, a.weights.shape[0] + 1)]
+        f"sent0_{a.kind}_layer{layer}.png" for layer in range(1, a.weights.shape[0] + 1)
+    ]
     page = read_data((tmp_path / "attention/explorer.html").read_text())
     layers = page["epochs"][0]["sentences"][0]["kinds"][a.kind]["layers"]
     assert max(abs(decode_weights(e) - w.double().numpy()).max() for e, w in zip(layers, a.weights)) < 1e-5
@@ -430,12 +523,28 @@ def test_gpu_check_runs_its_code_path_on_the_cpu(project, tmp_path):
     accelerator auto and bf16-mixed autocast on this CPU for 3 steps: it starts, trains, validates
     and reports, in a scratch root that leaves the project's runs alone."""
     before = sorted(p.name for p in (project / "checkpoints/transformer").iterdir())
-    run = subprocess.run([sys.executable, str(ROOT / "scripts/gpu_check.py"), "--steps", "3",
-                          "--accelerator", "auto", "--precision", "bf16-mixed", "--project",
-                          str(project), "--root", str(tmp_path / "scratch"),
-                          "model.warmup_steps=1"],  # the profile's 800 warm-up steps outlast 3 steps
-                         cwd=project,
-                         env=project.env, capture_output=True, text=True, timeout=600)
+    run = subprocess.run(
+        [
+            sys.executable,
+            str(ROOT / "scripts/gpu_check.py"),
+            "--steps",
+            "3",
+            "--accelerator",
+            "auto",
+            "--precision",
+            "bf16-mixed",
+            "--project",
+            str(project),
+            "--root",
+            str(tmp_path / "scratch"),
+            "model.warmup_steps=1",
+        ],  # the profile's 800 warm-up steps outlast 3 steps
+        cwd=project,
+        env=project.env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert run.returncode == 0, run.stderr[-3000:]
     result = json.loads(run.stdout.strip().splitlines()[-1])
     assert result["steps"] == 3 and result["precision"] == "bf16-mixed" and result["device"] == "cpu"
@@ -448,18 +557,29 @@ def test_gpu_check_runs_its_code_path_on_the_cpu(project, tmp_path):
 def test_translate_py_takes_any_sentence_verbatim(project):
     """`+text=…` arguments and stdin lines reach the exported model exactly as typed: the output
     lines equal the export's Translator on the same strings (and "" for those with no text)."""
-    from attnlab.export.translator import Translator
+    from attnlab.serving.translator import Translator
 
     expected = Translator(project / "models/transformer")(HOSTILE)
     assert expected[HOSTILE.index("   ")] == expected[HOSTILE.index("\u200b")] == ""
-    as_args = subprocess.run([sys.executable, "src/translate.py", "model=transformer",
-                              *(f"+text={s}" for s in HOSTILE)], cwd=project, env=project.env,
-                             capture_output=True, text=True, timeout=300)
+    as_args = subprocess.run(
+        [sys.executable, "src/translate.py", "model=transformer", *(f"+text={s}" for s in HOSTILE)],
+        cwd=project,
+        env=project.env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert as_args.returncode == 0, as_args.stderr[-2000:]
     assert as_args.stdout.split("\n")[:-1] == expected
-    from_stdin = subprocess.run([sys.executable, "src/translate.py", "model=transformer"], cwd=project,
-                                env=project.env, input="".join(s + "\n" for s in HOSTILE),
-                                capture_output=True, text=True, timeout=300)
+    from_stdin = subprocess.run(
+        [sys.executable, "src/translate.py", "model=transformer"],
+        cwd=project,
+        env=project.env,
+        input="".join(s + "\n" for s in HOSTILE),
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert from_stdin.returncode == 0, from_stdin.stderr[-2000:]
     assert from_stdin.stdout.split("\n")[:-1] == expected
 
@@ -470,8 +590,14 @@ def test_evaluate_decodes_on_the_device_it_is_given(project):
     if torch.cuda.is_available():
         pytest.skip("this machine has a GPU: device=gpu would run")
     before = (project / "metrics/transformer.json").read_bytes()
-    out = subprocess.run([sys.executable, "src/evaluate.py", "model=transformer", "device=gpu"],
-                         cwd=project, env=project.env, capture_output=True, text=True, timeout=300)
+    out = subprocess.run(
+        [sys.executable, "src/evaluate.py", "model=transformer", "device=gpu"],
+        cwd=project,
+        env=project.env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert out.returncode != 0
     assert "evaluate failed: device.accelerator=gpu cannot run here" in out.stderr, out.stderr[-2000:]
     assert "choose device=cpu" in out.stderr
@@ -485,7 +611,7 @@ def test_nw_export_predicts_like_the_model(project):
     x = torch.tensor([0.5, 2.5])
     w = predictor.net.w.item()
     d = synthetic_regression(seed=0)
-    expected = torch.softmax(-((x[:, None] - d["x_train"]) * w) ** 2 / 2, dim=1) @ d["y_train"]
+    expected = torch.softmax(-(((x[:, None] - d["x_train"]) * w) ** 2) / 2, dim=1) @ d["y_train"]
     assert torch.allclose(predictor(x), expected, atol=1e-5)
 
 
@@ -513,8 +639,7 @@ def _sha256s(root: Path, rel: str) -> dict:
     """relative path → sha256 of every file at `rel` (a file or a folder) under `root`."""
     path = root / rel
     files = [path] if path.is_file() else sorted(p for p in path.rglob("*") if p.is_file())
-    return {p.relative_to(root).as_posix(): hashlib.sha256(p.read_bytes()).hexdigest()
-            for p in files}
+    return {p.relative_to(root).as_posix(): hashlib.sha256(p.read_bytes()).hexdigest() for p in files}
 
 
 def test_second_concurrent_repro_stops_on_the_lock_and_the_first_finishes(project, tmp_path):
@@ -526,14 +651,21 @@ def test_second_concurrent_repro_stops_on_the_lock_and_the_first_finishes(projec
     x = torch.tensor([0.5, 2.5])
     nw_before = torch.jit.load(str(project / "models/nw/model.pt"))(x)
     with open(tmp_path / "first.out", "w") as out, open(tmp_path / "first.err", "w") as err:
-        first = subprocess.Popen([sys.executable, "-m", "dvc", "repro", "-f", "-s", *stages],
-                                 cwd=project, env=project.env, stdout=out, stderr=err, text=True)
+        first = subprocess.Popen(
+            [sys.executable, "-m", "dvc", "repro", "-f", "-s", *stages],
+            cwd=project,
+            env=project.env,
+            stdout=out,
+            stderr=err,
+            text=True,
+        )
     try:
         deadline = time.monotonic() + 120
         while not (held := _write_locks(project, first.pid)):  # its command is running
             assert first.poll() is None and time.monotonic() < deadline, (
                 "the first `dvc repro` never held a stage's outputs: "
-                + (tmp_path / "first.err").read_text()[-2000:])
+                + (tmp_path / "first.err").read_text()[-2000:]
+            )
             time.sleep(0.05)
         assert {os.path.relpath(p, project) for p in held} <= {"data/raw", "models/nw"}, held
         second = dvc(project, "repro")
@@ -543,8 +675,7 @@ def test_second_concurrent_repro_stops_on_the_lock_and_the_first_finishes(projec
             first.kill()
             first.wait()
     assert second.returncode != 0, second.stdout
-    assert BLOCKED.format(pid=first.pid) in second.stderr or REPO_LOCKED in second.stderr, (
-        second.stderr)
+    assert BLOCKED.format(pid=first.pid) in second.stderr or REPO_LOCKED in second.stderr, second.stderr
     assert "Running stage" not in second.stdout  # it stopped before running anything
     ran = (tmp_path / "first.out").read_text()
     assert all(f"Running stage '{stage}'" in ran for stage in stages), ran
@@ -559,18 +690,21 @@ def test_second_concurrent_repro_stops_on_the_lock_and_the_first_finishes(projec
 # What another machine gets: the files git tracks (decided by the repository's own
 # .gitignore files, so a product ignored by git but not pushed by DVC shows up here) plus
 # what `dvc pull` brings from the remote (the cached outputs).
-SHARED_OUTS = {"data/raw", "data/tokenized/multi30k-en-fr",
-               *(f"{d}/{m}" for d in ("checkpoints", "models", "plots") for m in MODELS),
-               *(f"{d}/{m}.json" for d in ("runs", "metrics") for m in MODELS),
-               *(f"metrics/{m}.hyp.txt" for m in SEQ2SEQ),
-               "plots/heads/transformer", "metrics/transformer.heads.json"}
+SHARED_OUTS = {
+    "data/raw",
+    "data/tokenized/multi30k-en-fr",
+    *(f"{d}/{m}" for d in ("checkpoints", "models", "plots") for m in MODELS),
+    *(f"{d}/{m}.json" for d in ("runs", "metrics") for m in MODELS),
+    *(f"metrics/{m}.hyp.txt" for m in SEQ2SEQ),
+    "plots/heads/transformer",
+    "metrics/transformer.heads.json",
+}
 
 
 def _lock_outs(project: Path) -> dict:
     """Output path → the stage that writes it, for every output recorded in dvc.lock."""
     lock = yaml.safe_load((project / "dvc.lock").read_text())
-    return {out["path"]: stage for stage, entry in lock["stages"].items()
-            for out in entry.get("outs", [])}
+    return {out["path"]: stage for stage, entry in lock["stages"].items() for out in entry.get("outs", [])}
 
 
 @pytest.fixture(scope="module")
@@ -589,17 +723,23 @@ def clone(project, tmp_path_factory):
     assert "Cache and remote 'storage' are in sync." in synced.stdout, synced.stdout
     for name in (".gitignore", ".dvcignore", ".dvc/.gitignore"):
         shutil.copy(ROOT / name, project / name)
-    git_env = {**project.env, "GIT_CONFIG_GLOBAL": os.devnull, "GIT_CONFIG_NOSYSTEM": "1",
-               "GIT_AUTHOR_NAME": "attnlab", "GIT_AUTHOR_EMAIL": "attnlab@localhost",
-               "GIT_COMMITTER_NAME": "attnlab", "GIT_COMMITTER_EMAIL": "attnlab@localhost"}
+    git_env = {
+        **project.env,
+        "GIT_CONFIG_GLOBAL": os.devnull,
+        "GIT_CONFIG_NOSYSTEM": "1",
+        "GIT_AUTHOR_NAME": "attnlab",
+        "GIT_AUTHOR_EMAIL": "attnlab@localhost",
+        "GIT_COMMITTER_NAME": "attnlab",
+        "GIT_COMMITTER_EMAIL": "attnlab@localhost",
+    }
     origin = base / "origin.git"  # kept outside the project: its DVC stays --no-scm
     in_project = {**git_env, "GIT_DIR": str(origin), "GIT_WORK_TREE": str(project)}
     for args in (["init", "-q"], ["add", "-A"], ["commit", "-q", "-m", "results"]):
-        subprocess.run(["git", *args], cwd=project, env=in_project, check=True,
-                       capture_output=True)
+        subprocess.run(["git", *args], cwd=project, env=in_project, check=True, capture_output=True)
     root = Project(base / "clone")
-    subprocess.run(["git", "clone", "-q", str(origin), str(root)], env=git_env, check=True,
-                   capture_output=True)
+    subprocess.run(
+        ["git", "clone", "-q", str(origin), str(root)], env=git_env, check=True, capture_output=True
+    )
     root.env = project.env
     # The repository's own .dvc/config does not set no_scm: DVC sees git, as on a user's machine.
     assert dvc(root, "config", "--unset", "core.no_scm").returncode == 0
@@ -612,8 +752,10 @@ def test_pull_on_a_fresh_clone_brings_every_output_byte_for_byte(project, clone)
     outs = _lock_outs(project)
     assert set(outs) == SHARED_OUTS
     missing = sorted(path for path in outs if not (clone / path).exists())
-    assert not missing, (f"{missing} missing after `git clone` + `dvc pull`: an output with "
-                         "`cache: false` is not pushed, so git has to carry it (see .gitignore)")
+    assert not missing, (
+        f"{missing} missing after `git clone` + `dvc pull`: an output with "
+        "`cache: false` is not pushed, so git has to carry it (see .gitignore)"
+    )
     for path in sorted(outs):
         ours = _sha256s(project, path)
         assert ours and _sha256s(clone, path) == ours, path
@@ -630,7 +772,6 @@ def test_fresh_clone_after_pull_has_nothing_to_reproduce(project, clone):
     assert repro.stdout.count("didn't change, skipping") == len(stages) == 12, repro.stdout
     assert "Data and pipelines are up to date." in repro.stdout
     assert (clone / "dvc.lock").read_bytes() == (project / "dvc.lock").read_bytes()
-
 
 
 # --- DVC experiments: `dvc exp run -S`, a queued run, `dvc exp show`, metrics/plots diff ----
@@ -650,8 +791,11 @@ def _exp_rows(project: Path) -> dict:
 
     def row(entry):
         data = entry["data"]
-        return (data["rev"], data["params"]["params.yaml"]["data"],
-                {path: m["data"] for path, m in data["metrics"].items()})
+        return (
+            data["rev"],
+            data["params"]["params.yaml"]["data"],
+            {path: m["data"] for path, m in data["metrics"].items()},
+        )
 
     rows = {"baseline": row(commit)}
     for exp in commit["experiments"] or []:
@@ -668,8 +812,17 @@ def experiments(clone):
     `models.transformer.overrides`)."""
     queued = dvc(clone, "exp", "run", "--queue", "-n", "queued", "-S", "tgt_lang=de")
     assert queued.returncode == 0, queued.stderr[-3000:]
-    ran = dvc(clone, "exp", "run", "-n", "lr", "-S", "models.transformer.max_epochs=1",
-              "-S", f'models.transformer.overrides="{EXP_OVERRIDES}"')
+    ran = dvc(
+        clone,
+        "exp",
+        "run",
+        "-n",
+        "lr",
+        "-S",
+        "models.transformer.max_epochs=1",
+        "-S",
+        f'models.transformer.overrides="{EXP_OVERRIDES}"',
+    )
     assert ran.returncode == 0, ran.stdout[-3000:] + ran.stderr[-3000:]
     assert "Running stage 'train@bahdanau'" not in ran.stdout  # only the Transformer's stages re-run
     started = dvc(clone, "queue", "start", "-j", "1")
@@ -696,17 +849,26 @@ def test_exp_show_lists_the_baseline_and_the_experiments_with_their_params(exper
     assert set(rows) == {"baseline", "lr", "queued"}
     params = {name: row[1] for name, row in rows.items()}
     pairs = {name: (p["data"], p["src_lang"], p["tgt_lang"]) for name, p in params.items()}
-    assert pairs == {"baseline": ("multi30k", "en", "fr"), "lr": ("multi30k", "en", "fr"),
-                     "queued": ("multi30k", "en", "de")}
+    assert pairs == {
+        "baseline": ("multi30k", "en", "fr"),
+        "lr": ("multi30k", "en", "fr"),
+        "queued": ("multi30k", "en", "de"),
+    }
     model = {name: p["models"]["transformer"] for name, p in params.items()}
     assert (model["baseline"]["max_epochs"], model["baseline"]["overrides"]) == (2, "")
     assert (model["queued"]["max_epochs"], model["queued"]["overrides"]) == (2, "")
     assert (model["lr"]["max_epochs"], model["lr"]["overrides"]) == (1, EXP_OVERRIDES)
-    for name, (rev, _, metrics) in rows.items():
+    for _name, (rev, _, metrics) in rows.items():
         for m in SEQ2SEQ:
-            committed = json.loads(subprocess.run(
-                ["git", "show", f"{rev}:metrics/{m}.json"], cwd=experiments,
-                capture_output=True, text=True, check=True).stdout)
+            committed = json.loads(
+                subprocess.run(
+                    ["git", "show", f"{rev}:metrics/{m}.json"],
+                    cwd=experiments,
+                    capture_output=True,
+                    text=True,
+                    check=True,
+                ).stdout
+            )
             assert metrics[f"metrics/{m}.json"] == committed
             assert set(committed) >= {"bleu", "bleu_lc", "chrf"}
         # NW reads no corpus: no experiment re-ran it, its scores are the baseline's
@@ -722,16 +884,26 @@ def test_a_language_experiment_runs_end_to_end_on_its_own_pair(experiments):
     for stage in ("tokenize", *(f"{s}@{m}" for s in ("train", "evaluate", "export") for m in SEQ2SEQ)):
         assert f"Running stage '{stage}'" in log, log[-3000:]
     assert "Running stage 'train_nw'" not in log and "Running stage 'evaluate_nw'" not in log
-    lock = yaml.safe_load(subprocess.run(["git", "show", f"{rev}:dvc.lock"], cwd=experiments,
-                                         capture_output=True, text=True, check=True).stdout)
+    lock = yaml.safe_load(
+        subprocess.run(
+            ["git", "show", f"{rev}:dvc.lock"], cwd=experiments, capture_output=True, text=True, check=True
+        ).stdout
+    )
     for m in SEQ2SEQ:
         deps = {d["path"] for d in lock["stages"][f"train@{m}"]["deps"]}
         assert "data/tokenized/multi30k-en-de" in deps and "data/tokenized/multi30k-en-fr" not in deps
         _assert_says_what_it_measured(metrics[f"metrics/{m}.json"], "en", "de")
-        hyps = subprocess.run(["git", "show", f"{rev}:metrics/{m}.hyp.txt"], cwd=experiments,
-                              capture_output=True, text=True, check=True).stdout.splitlines()
-        assert metrics[f"metrics/{m}.json"]["bleu"] == sacrebleu.corpus_bleu(
-            hyps, [_test_references(experiments, "de")]).score
+        hyps = subprocess.run(
+            ["git", "show", f"{rev}:metrics/{m}.hyp.txt"],
+            cwd=experiments,
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout.splitlines()
+        assert (
+            metrics[f"metrics/{m}.json"]["bleu"]
+            == sacrebleu.corpus_bleu(hyps, [_test_references(experiments, "de")]).score
+        )
 
 
 def test_experiments_reach_hydra_and_log_to_the_projects_mlflow_store(experiments):
@@ -758,8 +930,9 @@ def test_experiments_reach_hydra_and_log_to_the_projects_mlflow_store(experiment
         assert (Path(run.info.artifact_uri) / "checkpoint/best.ckpt").stat().st_size > 0
     [bahdanau] = client.search_runs([exp.experiment_id], "tags.model = 'bahdanau'")
     assert (bahdanau.data.tags["src_lang"], bahdanau.data.tags["tgt_lang"]) == ("en", "de")
-    config = client.download_artifacts(runs[("de", 0.001)].info.run_id, "config.yaml",
-                                       str(experiments.parent / "dl-queued"))
+    config = client.download_artifacts(
+        runs[("de", 0.001)].info.run_id, "config.yaml", str(experiments.parent / "dl-queued")
+    )
     ran_in = yaml.safe_load(Path(config).read_text())["paths"]["root"]  # the queued run's root
     assert ran_in.startswith(f"{experiments}/.dvc/tmp/exps/") and not Path(ran_in).exists()
 
@@ -769,8 +942,7 @@ def test_metrics_diff_and_plots_diff_compare_experiments(experiments):
     revs = {name: rows[name][0] for name in ("baseline", "lr", "queued")}
     # `metrics diff` lists what changed: the lr experiment re-ran the Transformer alone (tiny
     # models: BLEU is 0 in both, chrF is not)
-    diff = json.loads(dvc(experiments, "metrics", "diff", revs["baseline"], revs["lr"],
-                          "--json").stdout)
+    diff = json.loads(dvc(experiments, "metrics", "diff", revs["baseline"], revs["lr"], "--json").stdout)
     scores = {name: rows[name][2]["metrics/transformer.json"] for name in ("baseline", "lr")}
     old, new = scores["baseline"]["chrf"], scores["lr"]["chrf"]
     assert old != new
@@ -778,13 +950,26 @@ def test_metrics_diff_and_plots_diff_compare_experiments(experiments):
     changed = diff["metrics/transformer.json"]
     assert changed["chrf"] == {"old": old, "new": new, "diff": pytest.approx(new - old)}
     # the other scores are listed only where they changed (here: maybe on test_2017_flickr)
-    flat = {name: {**{k: v for k, v in s.items() if isinstance(v, float)},
-                   **{f"more_test_sets.test_2017_flickr.{k}": v for k, v in
-                      s["more_test_sets"]["test_2017_flickr"].items() if isinstance(v, float)}}
-            for name, s in scores.items()}
-    assert changed == {k: {"old": flat["baseline"][k], "new": flat["lr"][k],
-                           "diff": pytest.approx(flat["lr"][k] - flat["baseline"][k])}
-                       for k in flat["baseline"] if flat["baseline"][k] != flat["lr"][k]}
+    flat = {
+        name: {
+            **{k: v for k, v in s.items() if isinstance(v, float)},
+            **{
+                f"more_test_sets.test_2017_flickr.{k}": v
+                for k, v in s["more_test_sets"]["test_2017_flickr"].items()
+                if isinstance(v, float)
+            },
+        }
+        for name, s in scores.items()
+    }
+    assert changed == {
+        k: {
+            "old": flat["baseline"][k],
+            "new": flat["lr"][k],
+            "diff": pytest.approx(flat["lr"][k] - flat["baseline"][k]),
+        }
+        for k in flat["baseline"]
+        if flat["baseline"][k] != flat["lr"][k]
+    }
     shown = dvc(experiments, "plots", "diff", *revs.values(), "--json")
     assert shown.returncode == 0, shown.stderr[-3000:]
     plots = json.loads(shown.stdout)["data"]
@@ -793,8 +978,12 @@ def test_metrics_diff_and_plots_diff_compare_experiments(experiments):
     points = [v for v in curve["content"]["data"]["values"] if v["filename"] == "transformer/history.csv"]
     epochs = {name: [int(v["epoch"]) for v in points if v["rev"] == rev] for name, rev in revs.items()}
     assert epochs == {"baseline": [1, 2], "lr": [1], "queued": [1, 2]}
-    val_loss = {name: float(v["val_loss"]) for name, rev in revs.items() for v in points
-                if v["rev"] == rev and v["epoch"] == "1"}
+    val_loss = {
+        name: float(v["val_loss"])
+        for name, rev in revs.items()
+        for v in points
+        if v["rev"] == rev and v["epoch"] == "1"
+    }
     assert len(set(val_loss.values())) == 3  # another learning rate, another target language
     epoch1 = "plots/transformer/attention/epochs/epoch01/sent0_encoder_decoder_layer2.png"
     assert [p["revisions"] for p in plots[epoch1]] == [[r] for r in revs.values()]
@@ -805,9 +994,14 @@ def test_metrics_diff_and_plots_diff_compare_experiments(experiments):
 # --- the DVC graph follows params.yaml ----------------------------------------------------
 # One value chooses the translation models' corpus and direction; every path is built from it.
 # What `dvc exp run -S key=value` does to params.yaml is done here by hand, then undone.
-DIRECTIONS = {"tgt_lang=de": ("multi30k", "en", "de"), "data=fra_eng": ("fra_eng", "en", "fr"),
-              "src_lang=fr tgt_lang=en": ("multi30k", "fr", "en")}
-TRANSLATION_STAGES = {f"{s}@{m}" for s in ("train", "evaluate", "export") for m in SEQ2SEQ} | {"head_importance"}
+DIRECTIONS = {
+    "tgt_lang=de": ("multi30k", "en", "de"),
+    "data=fra_eng": ("fra_eng", "en", "fr"),
+    "src_lang=fr tgt_lang=en": ("multi30k", "fr", "en"),
+}
+TRANSLATION_STAGES = {f"{s}@{m}" for s in ("train", "evaluate", "export") for m in SEQ2SEQ} | {
+    "head_importance"
+}
 
 
 @contextlib.contextmanager
@@ -839,8 +1033,11 @@ def test_the_dag_connects_tokenize_to_the_translation_models_for_any_direction(p
         stages, outs = _edges(project), _edges(project, "--outs")
         changed = set(json.loads(dvc(project, "status", "--json").stdout))
     for m in SEQ2SEQ:
-        assert {("tokenize", f"train@{m}"), (f"train@{m}", f"evaluate@{m}"),
-                (f"train@{m}", f"export@{m}")} <= stages, stages
+        assert {
+            ("tokenize", f"train@{m}"),
+            (f"train@{m}", f"evaluate@{m}"),
+            (f"train@{m}", f"export@{m}"),
+        } <= stages, stages
         assert (folder, f"checkpoints/{m}") in outs, outs  # trains on the folder tokenize writes
     assert ("download", "tokenize") in stages
     assert not {e for e in stages if "nw" in e[1] and e[0] != "train_nw"}, stages
@@ -849,11 +1046,18 @@ def test_the_dag_connects_tokenize_to_the_translation_models_for_any_direction(p
 
 
 def test_a_corpus_without_the_asked_language_is_refused_by_tokenize(project):
-    out = subprocess.run([sys.executable, "src/tokenize_data.py", "data=fra_eng", "data.tgt_lang=de"],
-                         cwd=project, env=project.env, capture_output=True, text=True, timeout=120)
+    out = subprocess.run(
+        [sys.executable, "src/tokenize_data.py", "data=fra_eng", "data.tgt_lang=de"],
+        cwd=project,
+        env=project.env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert out.returncode != 0
     assert "data=fra_eng has the languages en, fr; tgt_lang=de is not one of them" in out.stderr
     assert not (project / "data/tokenized/fra_eng-en-de").exists()
+
 
 # --- the MLflow UI, through its REST API and in a real browser ------------------------------
 # `mlflow ui` serves MLflow's single-page web app and, under /ajax-api/2.0/mlflow/, the REST
@@ -874,8 +1078,7 @@ def test_mlflow_ui_serves_runs_and_heatmaps_and_renders_in_chromium(project, tmp
     [run] = client.search_runs([exp.experiment_id], "tags.model = 'transformer'")
     run_id = run.info.run_id
     # What the store holds, read without the UI: the val_bleu history, the heatmap's bytes.
-    expected_bleu = [(m.step, m.value, m.timestamp)
-                     for m in client.get_metric_history(run_id, "val_bleu")]
+    expected_bleu = [(m.step, m.value, m.timestamp) for m in client.get_metric_history(run_id, "val_bleu")]
     assert len(expected_bleu) == 2  # one per epoch
     artifact_dir = Path(urllib.parse.urlparse(run.info.artifact_uri).path)
     assert artifact_dir.is_relative_to(project / "mlruns"), run.info.artifact_uri
@@ -887,13 +1090,18 @@ def test_mlflow_ui_serves_runs_and_heatmaps_and_renders_in_chromium(project, tmp
         assert found["experiment"]["experiment_id"] == exp.experiment_id
         assert found["experiment"]["name"] == "attnlab"
 
-        searched = json.loads(_http(f"{api}/runs/search", {
-            "experiment_ids": [exp.experiment_id], "filter": "tags.model = 'transformer'"}))
+        searched = json.loads(
+            _http(
+                f"{api}/runs/search",
+                {"experiment_ids": [exp.experiment_id], "filter": "tags.model = 'transformer'"},
+            )
+        )
         assert [r["info"]["run_id"] for r in searched["runs"]] == [run_id]
         assert {"key": "model", "value": "transformer"} in searched["runs"][0]["data"]["tags"]
 
-        history = json.loads(_http(f"{api}/metrics/get-history", run_id=run_id,
-                                   metric_key="val_bleu"))["metrics"]
+        history = json.loads(_http(f"{api}/metrics/get-history", run_id=run_id, metric_key="val_bleu"))[
+            "metrics"
+        ]
         assert [(int(m["step"]), m["value"], int(m["timestamp"])) for m in history] == expected_bleu
 
         listed = json.loads(_http(f"{api}/artifacts/list", run_id=run_id, path="attention"))

@@ -7,6 +7,8 @@ files land in the server's folder, not in the project. A server that does not an
 at start stops the run in seconds with ``TrackingServerError`` naming the URI; a
 server that dies mid-run costs the tracking, not the training.
 """
+
+import contextlib
 import json
 import os
 import re
@@ -21,13 +23,27 @@ from pathlib import Path
 import pytest
 import torch
 
-from tiny_train import ROOT, STEPS_PER_EPOCH, copy_project, env, history, make_project, runs, train, train_cmd
+from helpers.tiny_train import (
+    ROOT,
+    STEPS_PER_EPOCH,
+    copy_project,
+    env,
+    history,
+    make_project,
+    runs,
+    train,
+    train_cmd,
+)
 
 VENV_BIN = Path(sys.executable).parent
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 # tiny_train's heatmaps.sentences [0] × the 3 attention kinds × the tiny model's 2 layers
-HEATMAPS = {f"attention/sent0_{kind}_layer{layer}.png"
-            for kind in ("encoder_self", "decoder_self", "encoder_decoder") for layer in (1, 2)}
+HEATMAPS = {
+    f"attention/sent0_{kind}_layer{layer}.png"
+    for kind in ("encoder_self", "decoder_self", "encoder_decoder")
+    for layer in (1, 2)
+}
+
 
 def free_port() -> int:
     with socket.socket() as s:
@@ -44,16 +60,30 @@ class Server:
         self.uri = f"http://127.0.0.1:{self.port}"
         self.artifacts = folder / "artifacts"
         self.log = folder / "server.log"
-        cmd = ["mlflow", "server", "--backend-store-uri", f"sqlite:///{folder}/server.db",
-               "--artifacts-destination", str(self.artifacts), "--host", "127.0.0.1",
-               "--port", str(self.port), "--workers", "1"]
+        cmd = [
+            "mlflow",
+            "server",
+            "--backend-store-uri",
+            f"sqlite:///{folder}/server.db",
+            "--artifacts-destination",
+            str(self.artifacts),
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(self.port),
+            "--workers",
+            "1",
+        ]
         # The job runner (huey consumers, for MLflow's GenAI jobs) would add 7 processes and
         # ~8 s of start-up on a 2-core machine; nothing here uses it.
-        server_env = env(PATH=f"{VENV_BIN}{os.pathsep}{os.environ.get('PATH', '')}",
-                         MLFLOW_SERVER_ENABLE_JOB_EXECUTION="false")
+        server_env = env(
+            PATH=f"{VENV_BIN}{os.pathsep}{os.environ.get('PATH', '')}",
+            MLFLOW_SERVER_ENABLE_JOB_EXECUTION="false",
+        )
         with open(self.log, "wb") as log:
-            self.proc = subprocess.Popen(cmd, cwd=folder, env=server_env, stdout=log,
-                                         stderr=subprocess.STDOUT, start_new_session=True)
+            self.proc = subprocess.Popen(
+                cmd, cwd=folder, env=server_env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
+            )
 
     def wait_healthy(self, timeout: float = 120) -> "Server":
         deadline = time.monotonic() + timeout
@@ -65,8 +95,9 @@ class Server:
                         return self
             except OSError:
                 time.sleep(0.3)
-        raise TimeoutError(f"mlflow server at {self.uri} not healthy after {timeout} s:\n"
-                           f"{self.log.read_text()[-3000:]}")
+        raise TimeoutError(
+            f"mlflow server at {self.uri} not healthy after {timeout} s:\n{self.log.read_text()[-3000:]}"
+        )
 
     def client(self):
         from mlflow.tracking import MlflowClient
@@ -82,10 +113,8 @@ class Server:
             except subprocess.TimeoutExpired:
                 os.killpg(self.proc.pid, signal.SIGKILL)
                 self.proc.wait()
-        try:  # the worker may outlive the CLI by a moment
+        with contextlib.suppress(ProcessLookupError):  # the worker may outlive the CLI by a moment
             os.killpg(self.proc.pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
 
 
 @pytest.fixture(scope="module")
@@ -126,19 +155,26 @@ def test_run_is_tracked_on_the_server(remote_run, server):
     assert run.info.status == "FINISHED"
     assert f"  MLflow run : {run_id} (" in result.stdout
     assert f"  tracking   : {server.uri}\n" in result.stdout  # a server: its run page, no `mlflow ui` line
-    assert f"  run page   : {server.uri}/#/experiments/{run.info.experiment_id}/runs/{run_id}\n" in result.stdout
+    assert (
+        f"  run page   : {server.uri}/#/experiments/{run.info.experiment_id}/runs/{run_id}\n" in result.stdout
+    )
     assert "mlflow ui" not in result.stdout
     # one value per epoch, logged at the last step of each epoch (8 steps per epoch)
     for key in ("val_loss", "val_bleu"):
-        assert [step for step, _ in history(client, run_id, key)] == [STEPS_PER_EPOCH - 1,
-                                                                      2 * STEPS_PER_EPOCH - 1], key
+        assert [step for step, _ in history(client, run_id, key)] == [
+            STEPS_PER_EPOCH - 1,
+            2 * STEPS_PER_EPOCH - 1,
+        ], key
     assert run.data.params["seed"] == "0"
     assert run.data.params["mlflow/tracking_uri"] == server.uri
     assert run.data.params["trainer/max_epochs"] == "2"
 
     assert _artifact_files(client, run_id) == {"config.yaml", "checkpoint/best.ckpt", *HEATMAPS}
-    png = Path(client.download_artifacts(run_id, "attention/sent0_encoder_decoder_layer1.png",
-                                         str(root / "download")))
+    png = Path(
+        client.download_artifacts(
+            run_id, "attention/sent0_encoder_decoder_layer1.png", str(root / "download")
+        )
+    )
     assert png.read_bytes()[:8] == PNG_MAGIC
 
     record = json.loads((root / "runs/transformer.json").read_text())
@@ -152,9 +188,10 @@ def test_artifacts_are_proxied_into_the_servers_folder(remote_run, server):
     (run,) = runs(server.client())
     prefix = "mlflow-artifacts:/"
     assert run.info.artifact_uri.startswith(prefix), run.info.artifact_uri
-    stored = server.artifacts / run.info.artifact_uri[len(prefix):]
-    assert (stored / "checkpoint/best.ckpt").read_bytes() == \
-        (root / "checkpoints/transformer/best.ckpt").read_bytes()
+    stored = server.artifacts / run.info.artifact_uri[len(prefix) :]
+    assert (stored / "checkpoint/best.ckpt").read_bytes() == (
+        root / "checkpoints/transformer/best.ckpt"
+    ).read_bytes()
     assert {str(p.relative_to(stored)) for p in stored.rglob("*.png")} == HEATMAPS
     assert not (root / "mlruns").exists()
     assert not (root / "mlflow.db").exists()
@@ -168,8 +205,10 @@ def test_unreachable_server_fails_fast(project, tmp_path):
     seconds = time.monotonic() - start
     assert result.returncode == 1  # Hydra's exit status for an exception in the task
     assert seconds < 30, f"took {seconds:.1f} s"  # ~10 s here, most of it importing torch
-    assert (f"attnlab.tracking.TrackingServerError: MLflow tracking server {uri} is unreachable"
-            in result.stderr), result.stderr[-3000:]
+    assert (
+        f"attnlab.tracking.store.TrackingServerError: MLflow tracking server {uri} is unreachable"
+        in result.stderr
+    ), result.stderr[-3000:]
     assert "or unset MLFLOW_TRACKING_URI to track in the project's mlflow.db" in result.stderr
     # checked before anything is written: the output folders exist (ensure_writable) but are empty
     assert [p for p in (root / "checkpoints").rglob("*") if not p.is_dir()] == []
@@ -193,8 +232,14 @@ def test_server_lost_mid_run_training_finishes(project, tmp_path, monkeypatch):
         client = server.client()
         with open(out, "w") as f:
             cmd = train_cmd(root, f"trainer.max_epochs={epochs}")
-            proc = subprocess.Popen(cmd, cwd=ROOT, env=env(MLFLOW_TRACKING_URI=server.uri, **fast_fail),
-                                    stdout=f, stderr=subprocess.STDOUT, text=True)
+            proc = subprocess.Popen(
+                cmd,
+                cwd=ROOT,
+                env=env(MLFLOW_TRACKING_URI=server.uri, **fast_fail),
+                stdout=f,
+                stderr=subprocess.STDOUT,
+                text=True,
+            )
         run_id, deadline = None, time.monotonic() + 240
         while proc.poll() is None and time.monotonic() < deadline:
             found = runs(client)

@@ -6,6 +6,7 @@ must end with the reference's final validation loss (to 1e-6) and weights, in th
 same MLflow run. Two uninterrupted runs with the same seed give bit-identical metrics.
 Which config changes stop a resume is checked on the real conf/, composed with Hydra.
 """
+
 import csv
 import signal
 import subprocess
@@ -16,9 +17,18 @@ import torch
 from hydra import compose, initialize_config_dir
 
 from attnlab.lit.resume import config_fingerprint
-
-from tiny_train import (ROOT, STEPS_PER_EPOCH, copy_project, env, history, make_project,
-                        mlflow_client, runs, train, train_cmd)
+from helpers.tiny_train import (
+    ROOT,
+    STEPS_PER_EPOCH,
+    copy_project,
+    env,
+    history,
+    make_project,
+    mlflow_client,
+    runs,
+    train,
+    train_cmd,
+)
 
 ARGS = ("trainer.max_epochs=2", "checkpoint.every_n_train_steps=3")
 METRICS = ("train_loss", "val_loss", "val_bleu")
@@ -41,8 +51,9 @@ def _final_weights(root):
 def test_killed_run_resumes_to_the_same_result(reference, tmp_path, sig):
     root = copy_project(reference, tmp_path / "project")
     last = root / "checkpoints/transformer/last.ckpt"
-    proc = subprocess.Popen(train_cmd(root, *ARGS), cwd=ROOT, env=env(),
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    proc = subprocess.Popen(
+        train_cmd(root, *ARGS), cwd=ROOT, env=env(), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+    )
     deadline = time.time() + 240
     while not last.exists() and proc.poll() is None and time.time() < deadline:
         time.sleep(0.02)
@@ -56,8 +67,9 @@ def test_killed_run_resumes_to_the_same_result(reference, tmp_path, sig):
     resumed = train(root, *ARGS)
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     epoch = killed["epoch"] + 1  # Lightning counts from 0, the console from 1; a mid-epoch kill resumes in it
-    assert (f"resuming from {last} (saved in epoch {epoch}, after step {killed['global_step']})"
-            in resumed.stdout)
+    assert (
+        f"resuming from {last} (saved in epoch {epoch}, after step {killed['global_step']})" in resumed.stdout
+    )
     assert f"resuming in epoch {epoch}" in resumed.stdout
     assert not last.exists()  # finished: nothing left to resume
 
@@ -75,8 +87,9 @@ def test_killed_run_resumes_to_the_same_result(reference, tmp_path, sig):
         torch.testing.assert_close(weights[k], ref_weights[k], rtol=0, atol=1e-6, msg=k)
     # plots/transformer (a persistent DVC output) holds both epochs' rows, as if uninterrupted.
     # (train_loss of the interrupted epoch averages only the resumed batches.)
-    got, want = (list(csv.DictReader((r / "plots/transformer/history.csv").open()))
-                 for r in (root, reference))
+    got, want = (
+        list(csv.DictReader((r / "plots/transformer/history.csv").open())) for r in (root, reference)
+    )
     assert [r["epoch"] for r in got] == [r["epoch"] for r in want] == ["1", "2"]
     for key in ("val_loss", "val_bleu"):
         assert [float(r[key]) for r in got] == pytest.approx([float(r[key]) for r in want], abs=1e-6)
@@ -97,15 +110,17 @@ def test_same_seed_same_metrics_bit_for_bit(reference, tmp_path):
 def test_another_config_does_not_resume(reference, tmp_path):
     """A last.ckpt written with another config is ignored, not silently continued."""
     root = copy_project(reference, tmp_path / "project")
-    proc = subprocess.Popen(train_cmd(root, *ARGS), cwd=ROOT, env=env(),
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    proc = subprocess.Popen(
+        train_cmd(root, *ARGS), cwd=ROOT, env=env(), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+    )
     last = root / "checkpoints/transformer/last.ckpt"
     while not last.exists() and proc.poll() is None:
         time.sleep(0.02)
     proc.kill()
     proc.wait()
-    result = train(root, *ARGS[:1], "checkpoint.every_n_train_steps=3", "optimizer.lr=0.002",
-                   "trainer.max_steps=2")
+    result = train(
+        root, *ARGS[:1], "checkpoint.every_n_train_steps=3", "optimizer.lr=0.002", "trainer.max_steps=2"
+    )
     assert result.returncode == 0, result.stderr[-3000:]
     assert f"ignoring {last}: written with another config; starting afresh" in result.stdout
     assert len(runs(mlflow_client(root))) == 2  # a new MLflow run, the killed one left as it was
@@ -113,8 +128,9 @@ def test_another_config_does_not_resume(reference, tmp_path):
 
 def _fingerprint(*overrides):
     with initialize_config_dir(config_dir=str(ROOT / "conf"), version_base="1.3"):
-        return config_fingerprint(compose(config_name="config",
-                                          overrides=["paths.root=/r", "model=transformer", *overrides]))
+        return config_fingerprint(
+            compose(config_name="config", overrides=["paths.root=/r", "model=transformer", *overrides])
+        )
 
 
 def test_fingerprint_ignores_heatmaps_but_not_what_is_trained():

@@ -11,6 +11,7 @@ MLflow run.
 A learning rate of 0.1 makes epoch 3 worse than epoch 2, so a resumed run that forgot
 the best score (Lightning drops it when the checkpoint folder moved) keeps epoch 3.
 """
+
 import csv
 import json
 import shutil
@@ -19,13 +20,23 @@ from pathlib import Path
 import pytest
 import torch
 
-from tiny_train import STEPS_PER_EPOCH, copy_project, history, make_project, mlflow_client, runs, train, \
-    train_killed
+from helpers.tiny_train import (
+    STEPS_PER_EPOCH,
+    copy_project,
+    history,
+    make_project,
+    mlflow_client,
+    runs,
+    train,
+    train_killed,
+)
 
 ARGS = ("trainer.max_epochs=3", "optimizer.lr=0.1", "model.net.num_layers=1", "heatmaps.sentences=[]")
 STEPS = "checkpoint.every_n_train_steps=4"  # a step checkpoint mid-epoch and at each epoch's last batch
-KEPT = "ModelCheckpoint{'monitor': 'val_loss', 'mode': 'min', 'every_n_train_steps': 0, " \
-       "'every_n_epochs': 1, 'train_time_interval': None}"
+KEPT = (
+    "ModelCheckpoint{'monitor': 'val_loss', 'mode': 'min', 'every_n_train_steps': 0, "
+    "'every_n_epochs': 1, 'train_time_interval': None}"
+)
 # kill point → (hook point, step checkpoints, (epoch, global step) of the last.ckpt resumed from)
 KILLS = {
     "mid-epoch": ("step:20", STEPS, (2, 20)),
@@ -44,8 +55,10 @@ def _val_losses(root):
 
 
 def _csv(root):
-    return [(int(r["epoch"]), int(r["step"]), float(r["val_loss"]))
-            for r in csv.DictReader((root / "plots/transformer/history.csv").open())]
+    return [
+        (int(r["epoch"]), int(r["step"]), float(r["val_loss"]))
+        for r in csv.DictReader((root / "plots/transformer/history.csv").open())
+    ]
 
 
 def _best(root):
@@ -99,11 +112,15 @@ def test_resume_reproduces_the_uninterrupted_run(reference, tmp_path, kill, plac
     assert float(state["best_model_score"]) == pytest.approx(float(ref_state["best_model_score"]), abs=1e-6)
     # The run record points at this project's best.ckpt and store (paths relative to runs/).
     record = json.loads((root / "runs/transformer.json").read_text())
-    assert (record["checkpoint"], record["tracking_db"]) == ("../checkpoints/transformer/best.ckpt", "../mlflow.db")
+    assert (record["checkpoint"], record["tracking_db"]) == (
+        "../checkpoints/transformer/best.ckpt",
+        "../mlflow.db",
+    )
     # The run's artifacts are in this project's mlruns/, even after a move; the old place is not recreated.
     assert run.info.artifact_uri.startswith(f"{root}/mlruns/"), run.info.artifact_uri
-    assert [f.path for f in mlflow_client(root).list_artifacts(run.info.run_id, "checkpoint")] == \
-        ["checkpoint/best.ckpt"]
+    assert [f.path for f in mlflow_client(root).list_artifacts(run.info.run_id, "checkpoint")] == [
+        "checkpoint/best.ckpt"
+    ]
     assert (Path(root) / "mlruns").is_dir()
     if place == "moved-folder":
         assert not (tmp_path / "project").exists(), "the old project folder was recreated"
@@ -120,10 +137,19 @@ def test_checkpoint_state_is_rebased_onto_a_moved_folder(tmp_path):
     cb = ResumableCheckpoint(dirpath=new, filename="best", **kwargs)
     assert cb.state_key == ModelCheckpoint(dirpath=new, filename="best", **kwargs).state_key == KEPT
     score = torch.tensor(2.9141)
-    cb.load_state_dict({"monitor": "val_loss", "best_model_score": score, "best_model_path": f"{old}/best.ckpt",
-                        "current_score": score, "dirpath": old, "best_k_models": {f"{old}/best.ckpt": score},
-                        "kth_best_model_path": f"{old}/best.ckpt", "kth_value": score,
-                        "last_model_path": "/elsewhere/last.ckpt"})
+    cb.load_state_dict(
+        {
+            "monitor": "val_loss",
+            "best_model_score": score,
+            "best_model_path": f"{old}/best.ckpt",
+            "current_score": score,
+            "dirpath": old,
+            "best_k_models": {f"{old}/best.ckpt": score},
+            "kth_best_model_path": f"{old}/best.ckpt",
+            "kth_value": score,
+            "last_model_path": "/elsewhere/last.ckpt",
+        }
+    )
     assert cb.best_model_score == score and cb.kth_value == score
     assert cb.best_model_path == cb.kth_best_model_path == f"{new}/best.ckpt"
     assert cb.best_k_models == {f"{new}/best.ckpt": score}

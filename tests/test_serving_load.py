@@ -3,23 +3,32 @@
 One real ``mlflow models serve`` (``--env-manager local``, MLflow's default number
 of uvicorn workers) of the tiny Transformer of ``serve_harness`` (input limit 80
 characters, beam 3, α = 1; per request 32 sentences, 2,000 characters (so that 26
-sentences of 80 reach it; the default is 4,000) and 1,000 tokens) on loopback. CI size: 4 client threads × 100 requests,
-every 4th one invalid (each of the 12 kinds of ``serve_harness.invalid_requests``), the
-others 1–32 sentences drawn (seeded) from the 48 fixture sentences. The reference
-for each valid answer is :class:`attnlab.export.translator.Translator` on the export folder,
-one sentence at a time (a sentence translates the same in any batch).
+sentences of 80 reach it; the default is 4,000) and 1,000 tokens) on loopback. CI size: 4 client
+threads × 100 requests, every 4th one invalid (each of the 12 kinds of
+``serve_harness.invalid_requests``), the others 1–32 sentences drawn (seeded) from the 48 fixture
+sentences. The reference for each valid answer is :class:`attnlab.serving.translator.Translator`
+on the export folder, one sentence at a time (a sentence translates the same in any batch).
 ``benchmarks/serve_load.py`` runs the same load at a larger size.
 """
+
 import json
 import time
 
 import mlflow
 import pytest
 
-from attnlab.export.registry import log_served_model
-from attnlab.export.translator import Translator
-from serve_harness import (PAIRS, invalid_requests, post, run_load, start_server, stop_server,
-                           summarize, tiny_export)
+from attnlab.serving.registry import log_served_model
+from attnlab.serving.translator import Translator
+from helpers.serve_harness import (
+    PAIRS,
+    invalid_requests,
+    post,
+    run_load,
+    start_server,
+    stop_server,
+    summarize,
+    tiny_export,
+)
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
@@ -49,8 +58,13 @@ def served(tmp_path_factory):
         server, base = start_server(f"models:/{name}/{version}", uri, tmp / "serve.log")
         up_s = time.perf_counter() - t0
         try:
-            yield {"base": base, "pid": server.pid, "translator": translator,
-                   "expected": expected, "up_s": up_s}
+            yield {
+                "base": base,
+                "pid": server.pid,
+                "translator": translator,
+                "expected": expected,
+                "up_s": up_s,
+            }
         finally:
             stop_server(server)
             mlflow.set_tracking_uri(None)
@@ -59,16 +73,46 @@ def served(tmp_path_factory):
 def test_concurrent_load_no_5xx_right_answers_flat_memory(served):
     invalid = invalid_requests(served["translator"])
     assert {name for name, _, _ in invalid} >= {
-        "bad_json", "no_inputs_key", "inputs_is_string", "number_item", "null_item", "nested_list",
-        "empty_list", "too_long", "too_many", "too_many_chars", "too_many_tokens"}
+        "bad_json",
+        "no_inputs_key",
+        "inputs_is_string",
+        "number_item",
+        "null_item",
+        "nested_list",
+        "empty_list",
+        "too_long",
+        "too_many",
+        "too_many_chars",
+        "too_many_tokens",
+    }
     # Warm-up, not measured: the first decodes allocate torch's buffers and each server thread
     # its malloc arena. Then the measured run.
-    run_load(served["base"], served["pid"], POOL, None, [], clients=CLIENTS, requests_per_client=4,
-             seed=100, request_timeout_s=REQUEST_TIMEOUT_S + 30, deadline_s=60)
-    load = run_load(served["base"], served["pid"], POOL, served["expected"], invalid,
-                    clients=CLIENTS, requests_per_client=REQUESTS, invalid_every=INVALID_EVERY,
-                    seed=0, request_timeout_s=REQUEST_TIMEOUT_S + 30, deadline_s=240,
-                    translator=served["translator"])
+    run_load(
+        served["base"],
+        served["pid"],
+        POOL,
+        None,
+        [],
+        clients=CLIENTS,
+        requests_per_client=4,
+        seed=100,
+        request_timeout_s=REQUEST_TIMEOUT_S + 30,
+        deadline_s=60,
+    )
+    load = run_load(
+        served["base"],
+        served["pid"],
+        POOL,
+        served["expected"],
+        invalid,
+        clients=CLIENTS,
+        requests_per_client=REQUESTS,
+        invalid_every=INVALID_EVERY,
+        seed=0,
+        request_timeout_s=REQUEST_TIMEOUT_S + 30,
+        deadline_s=240,
+        translator=served["translator"],
+    )
     stats = summarize(load)
     print(f"server up in {served['up_s']:.1f} s; load: {json.dumps(stats)}")
 
@@ -92,9 +136,11 @@ def test_a_whole_test_set_in_one_request_is_refused_up_front(served, n):
     elapsed = time.perf_counter() - t0
     assert status == 400, body
     assert body["error_code"] == "INVALID_PARAMETER_VALUE"
-    assert (f"the request has {n} sentences; this model translates at most 32 sentences per "
-            f"request (serving.max_request_sentences). Split it into {-(-n // 32)} or more "
-            "requests of at most 32 sentences each.") in body["message"]
+    assert (
+        f"the request has {n} sentences; this model translates at most 32 sentences per "
+        f"request (serving.max_request_sentences). Split it into {-(-n // 32)} or more "
+        "requests of at most 32 sentences each."
+    ) in body["message"]
     assert elapsed < 10, f"refusing took {elapsed:.1f} s: it must not decode"
 
 

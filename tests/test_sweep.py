@@ -1,4 +1,4 @@
-"""Hydra sweeps in MLflow (attnlab.sweep): real `src/train.py -m` runs on the tiny corpus.
+"""Hydra sweeps in MLflow (attnlab.tracking.sweep): real `src/train.py -m` runs on the tiny corpus.
 
 `python src/train.py -m model.net.d_model=16,32` is one MLflow parent run with one child
 run per job: each child carries the tag `mlflow.parentRunId` (MLflow's nesting), its own
@@ -7,6 +7,7 @@ own job dir, never in the project's checkpoints/ or runs/ (the DVC outputs). The
 ends FINISHED when every job succeeded, FAILED when one failed. A single run (no -m) is
 not nested and writes where it always did.
 """
+
 import json
 import re
 import shutil
@@ -20,9 +21,18 @@ import pytest
 from mlflow.utils.mlflow_tags import MLFLOW_PARENT_RUN_ID as PARENT_TAG
 from omegaconf import OmegaConf
 
-from attnlab.sweep import (SweepConfigError, _parent_name, _refuse_subprocess_ddp, ensure_parent, find_parents,
-                           redirect_outputs, sweep_models, sweep_overrides, swept_overrides)
-from tiny_train import ROOT, copy_project, env, history, make_project, mlflow_client, runs, train_cmd
+from attnlab.tracking.sweep import (
+    SweepConfigError,
+    _parent_name,
+    _refuse_subprocess_ddp,
+    ensure_parent,
+    find_parents,
+    redirect_outputs,
+    sweep_models,
+    sweep_overrides,
+    swept_overrides,
+)
+from helpers.tiny_train import ROOT, copy_project, env, history, make_project, mlflow_client, runs, train_cmd
 
 # One epoch, one heatmap sentence, no per-epoch heatmaps: the jobs train in seconds.
 FAST = ("trainer.max_epochs=1", "heatmaps.sentences=[0]", "heatmaps.epoch_kinds=[]")
@@ -55,16 +65,24 @@ def done(tmp_path_factory) -> dict[str, Done]:
     ``multirun/d_model``); ``failing``, a sweep whose job 0 raises; ``single``, no -m."""
     base = tmp_path_factory.mktemp("sweep")
     project = make_project(base / "good")
-    roots = {"good": project, "failing": copy_project(project, base / "failing"),
-             "single": copy_project(project, base / "single")}
-    cmds = {"good": sweep_cmd(project, project / "multirun/d_model", "model.net.d_model=16,32"),
-            "failing": sweep_cmd(roots["failing"], roots["failing"] / "multirun/failing",
-                                 "checkpoint.filename=last,best"),
-            "single": train_cmd(roots["single"], *FAST)}
+    roots = {
+        "good": project,
+        "failing": copy_project(project, base / "failing"),
+        "single": copy_project(project, base / "single"),
+    }
+    cmds = {
+        "good": sweep_cmd(project, project / "multirun/d_model", "model.net.d_model=16,32"),
+        "failing": sweep_cmd(
+            roots["failing"], roots["failing"] / "multirun/failing", "checkpoint.filename=last,best"
+        ),
+        "single": train_cmd(roots["single"], *FAST),
+    }
     procs = {}
     for name, cmd in cmds.items():
         with open(base / f"{name}.out", "w") as out, open(base / f"{name}.err", "w") as err:
-            procs[name] = subprocess.Popen(cmd, cwd=ROOT, stdout=out, stderr=err, env=env(OMP_NUM_THREADS="1"))
+            procs[name] = subprocess.Popen(
+                cmd, cwd=ROOT, stdout=out, stderr=err, env=env(OMP_NUM_THREADS="1")
+            )
     try:
         codes = {name: p.wait(timeout=300) for name, p in procs.items()}
     finally:
@@ -89,8 +107,10 @@ def test_a_sweep_is_one_parent_run_with_one_child_run_per_job(good_sweep):
     assert "model.net.d_model=16,32" in parent.data.tags["sweep.overrides"].split()
     assert parent.data.tags["sweep.dir"] == str(sweep_dir)
     assert [c.data.tags[PARENT_TAG] for c in children] == [parent.info.run_id] * 2
-    assert [c.info.run_name for c in children] == ["transformer-multi30k-en-fr-seed0-job0 model.net.d_model=16",
-                                                   "transformer-multi30k-en-fr-seed0-job1 model.net.d_model=32"]
+    assert [c.info.run_name for c in children] == [
+        "transformer-multi30k-en-fr-seed0-job0 model.net.d_model=16",
+        "transformer-multi30k-en-fr-seed0-job1 model.net.d_model=32",
+    ]
     assert [c.data.tags["model"] for c in children] == ["transformer"] * 2
     assert parent.data.tags["model"] == "transformer"  # not swept: the jobs' model
     # what the jobs found: the parent by its tags, and the sweep's overrides in Hydra's multirun.yaml
@@ -144,8 +164,10 @@ def test_a_failed_job_leaves_the_parent_failed(done):
     [parent] = parents
     assert parent.info.status == "FAILED"
     failed = parent.data.tags["sweep.failed.0"]
-    assert failed.endswith("checkpoint.filename=last: ValueError: checkpoint.filename=last is reserved "
-                           "for the resume checkpoint; choose another name, e.g. checkpoint.filename=final")
+    assert failed.endswith(
+        "checkpoint.filename=last: ValueError: checkpoint.filename=last is reserved "
+        "for the resume checkpoint; choose another name, e.g. checkpoint.filename=final"
+    )
     assert "sweep.failed.1" not in parent.data.tags
     # job 0 failed before its run was created; job 1's run is nested and finished
     assert [(c.data.tags["sweep.job"], c.info.status) for c in children] == [("1", "FINISHED")]
@@ -167,10 +189,19 @@ def test_a_single_run_is_not_nested_and_writes_the_dvc_outputs(done):
 
 # Units: no training.
 
+
 def test_outputs_move_under_the_job_dir_keeping_their_layout(tmp_path):
-    cfg = OmegaConf.create({"paths": {"root": "/p", "checkpoints": "${paths.root}/checkpoints/transformer",
-                                      "runs": "/mine", "plots": "/elsewhere/plots",
-                                      "tokenized": "${paths.root}/data/tokenized"}})
+    cfg = OmegaConf.create(
+        {
+            "paths": {
+                "root": "/p",
+                "checkpoints": "${paths.root}/checkpoints/transformer",
+                "runs": "/mine",
+                "plots": "/elsewhere/plots",
+                "tokenized": "${paths.root}/data/tokenized",
+            }
+        }
+    )
     moved = redirect_outputs(cfg, tmp_path / "3", ["model=transformer", "paths.runs=/mine"])
     assert moved == ["checkpoints", "plots"]
     assert cfg.paths.checkpoints == str(tmp_path / "3/checkpoints/transformer")
@@ -186,18 +217,29 @@ def test_swept_overrides_are_the_jobs_values_of_the_swept_keys():
     assert swept_overrides(job, None) is None  # no multirun.yaml: unknown
 
 
-@pytest.mark.parametrize("sweep_dir, name", [
-    ("/p/multirun/2026-11-29/15-04-16", "sweep-2026-11-29_15-04-16"),  # Hydra's default: date and time
-    ("/p/multirun/lr-search", "sweep-lr-search"),
-])
+@pytest.mark.parametrize(
+    "sweep_dir, name",
+    [
+        ("/p/multirun/2026-11-29/15-04-16", "sweep-2026-11-29_15-04-16"),  # Hydra's default: date and time
+        ("/p/multirun/lr-search", "sweep-lr-search"),
+    ],
+)
 def test_the_parent_is_named_after_the_sweep_dir(sweep_dir, name):
     assert _parent_name(Path(sweep_dir)) == name
 
 
 def test_racing_jobs_all_get_the_same_parent(tmp_path):
     """Jobs of a parallel launcher (or DDP ranks) asking at once: one creates, the others find it."""
-    cfg = OmegaConf.create({"mlflow": {"tracking_uri": f"sqlite:///{tmp_path}/mlflow.db", "experiment": "attnlab",
-                                       "artifact_location": f"{tmp_path}/mlruns"}, "model": {"name": "transformer"}})
+    cfg = OmegaConf.create(
+        {
+            "mlflow": {
+                "tracking_uri": f"sqlite:///{tmp_path}/mlflow.db",
+                "experiment": "attnlab",
+                "artifact_location": f"{tmp_path}/mlruns",
+            },
+            "model": {"name": "transformer"},
+        }
+    )
     client = mlflow_client(tmp_path)
     client.search_experiments()  # the store's tables exist before the race
     sweep_dir = tmp_path / "multirun/race"
@@ -213,8 +255,16 @@ def test_racing_jobs_all_get_the_same_parent(tmp_path):
 def test_the_parent_follows_its_sweep_dir_and_a_new_sweep_in_a_reused_path_gets_its_own(tmp_path):
     """The sweep dir's id finds the parent: from a path with a quote in it, after the project
     moved, and not for a new sweep in the folder of a deleted one."""
-    cfg = OmegaConf.create({"mlflow": {"tracking_uri": f"sqlite:///{tmp_path}/mlflow.db", "experiment": "attnlab",
-                                       "artifact_location": f"{tmp_path}/mlruns"}, "model": {"name": "transformer"}})
+    cfg = OmegaConf.create(
+        {
+            "mlflow": {
+                "tracking_uri": f"sqlite:///{tmp_path}/mlflow.db",
+                "experiment": "attnlab",
+                "artifact_location": f"{tmp_path}/mlruns",
+            },
+            "model": {"name": "transformer"},
+        }
+    )
     project = tmp_path / "O'Brien's project"
     sweep_dir = project / "multirun/lr"
     sweep_dir.mkdir(parents=True)
@@ -230,13 +280,16 @@ def test_the_parent_follows_its_sweep_dir_and_a_new_sweep_in_a_reused_path_gets_
     assert {r.info.run_id for r in runs(mlflow_client(tmp_path))} == {first, second}
 
 
-@pytest.mark.parametrize("device, refused", [
-    ({"strategy": "ddp", "devices": 2, "num_nodes": 1}, True),
-    ({"strategy": "ddp", "devices": 1, "num_nodes": 2}, True),
-    ({"strategy": "ddp", "devices": 1, "num_nodes": 1}, False),
-    ({"strategy": "ddp_spawn", "devices": 2, "num_nodes": 1}, False),
-    ({"strategy": "auto", "devices": "auto", "num_nodes": 1}, False),
-])
+@pytest.mark.parametrize(
+    "device, refused",
+    [
+        ({"strategy": "ddp", "devices": 2, "num_nodes": 1}, True),
+        ({"strategy": "ddp", "devices": 1, "num_nodes": 2}, True),
+        ({"strategy": "ddp", "devices": 1, "num_nodes": 1}, False),
+        ({"strategy": "ddp_spawn", "devices": 2, "num_nodes": 1}, False),
+        ({"strategy": "auto", "devices": "auto", "num_nodes": 1}, False),
+    ],
+)
 def test_lightnings_ddp_launcher_is_refused_in_a_sweep(device, refused, monkeypatch):
     monkeypatch.delenv("LOCAL_RANK", raising=False)
     cfg = OmegaConf.create({"device": device})
@@ -253,7 +306,7 @@ TOY_APP = """
 import sys
 import hydra
 from mlflow import MlflowClient
-from attnlab.sweep import sweep_job
+from attnlab.tracking.sweep import sweep_job
 
 @hydra.main(version_base="1.3", config_path="conf", config_name="config")
 def main(cfg):
@@ -278,7 +331,7 @@ hydra:
   job: {chdir: false}
   sweep: {dir: multirun/toy, subdir: "${hydra.job.num}"}
   sweeper: {params: {seed: "0"}}
-  callbacks: {mlflow_sweep: {_target_: attnlab.sweep.MLflowSweepCallback}}
+  callbacks: {mlflow_sweep: {_target_: attnlab.tracking.sweep.MLflowSweepCallback}}
 """
 
 
@@ -292,8 +345,14 @@ def test_a_sweep_run_again_reopens_its_parent_which_ends_killed_failed_or_finish
     client = mlflow_client(tmp_path)
 
     def multirun(*overrides):
-        done = subprocess.run([sys.executable, "app.py", "-m", *overrides], cwd=tmp_path, capture_output=True,
-                              text=True, timeout=120, env=env())
+        done = subprocess.run(
+            [sys.executable, "app.py", "-m", *overrides],
+            cwd=tmp_path,
+            capture_output=True,
+            text=True,
+            timeout=120,
+            env=env(),
+        )
         [parent] = runs(client)
         return done, parent
 
@@ -307,7 +366,9 @@ def test_a_sweep_run_again_reopens_its_parent_which_ends_killed_failed_or_finish
     assert done.returncode == 1 and "RuntimeError: boom" in done.stderr
     assert re.findall(r"^parent (\w+)$", done.stdout, re.M) == ["RUNNING", "RUNNING"]  # reopened
     assert again.info.run_id == parent.info.run_id and again.info.status == "FAILED"
-    assert again.data.tags["sweep.failed.1"] == "seed=0 action=fail: RuntimeError: boom"  # the job's overrides
+    assert (
+        again.data.tags["sweep.failed.1"] == "seed=0 action=fail: RuntimeError: boom"
+    )  # the job's overrides
     assert "sweep.failed.0" not in again.data.tags
 
     done, last = multirun("action=ok")
@@ -316,10 +377,13 @@ def test_a_sweep_run_again_reopens_its_parent_which_ends_killed_failed_or_finish
     assert not [k for k in last.data.tags if k.startswith("sweep.failed.")]
 
 
-@pytest.mark.parametrize("overrides, first_job, tag", [
-    (["model=bahdanau,transformer", "optimizer.lr=1e-3,3e-4"], "bahdanau", "bahdanau,transformer"),
-    (["model=bahdanau", "optimizer.lr=1e-3,3e-4"], "bahdanau", "bahdanau"),
-    (["optimizer.lr=1e-3,3e-4"], "transformer", "transformer"),
-])
+@pytest.mark.parametrize(
+    "overrides, first_job, tag",
+    [
+        (["model=bahdanau,transformer", "optimizer.lr=1e-3,3e-4"], "bahdanau", "bahdanau,transformer"),
+        (["model=bahdanau", "optimizer.lr=1e-3,3e-4"], "bahdanau", "bahdanau"),
+        (["optimizer.lr=1e-3,3e-4"], "transformer", "transformer"),
+    ],
+)
 def test_the_parent_is_tagged_with_the_swept_models(overrides, first_job, tag):
     assert sweep_models(overrides, first_job) == tag

@@ -1,4 +1,4 @@
-"""A moved or copied project keeps its MLflow store usable (:mod:`attnlab.tracking`).
+"""A moved or copied project keeps its MLflow store usable (:mod:`attnlab.tracking.store`).
 
 MLflow stores absolute artifact locations; after ``mv`` (or ``cp -r``) of the project, its
 runs, logged models and registered model versions must point into the project's own
@@ -6,6 +6,7 @@ runs, logged models and registered model versions must point into the project's 
 nothing else may be touched: a shared store, another project's folders, a location the
 user changed.
 """
+
 import json
 import multiprocessing
 import shutil
@@ -13,7 +14,7 @@ from concurrent.futures import ProcessPoolExecutor
 
 from mlflow.tracking import MlflowClient
 
-from attnlab.tracking import prepare_store, read_run_record, rebase_moved_store, write_run_record
+from attnlab.tracking.store import prepare_store, read_run_record, rebase_moved_store, write_run_record
 
 
 def _store(root, artifacts=None):
@@ -25,8 +26,10 @@ def _store(root, artifacts=None):
     experiment = client.create_experiment("attnlab", artifact_location=artifacts or f"{root}/mlruns")
     foreign = root.parent / "foreign/mlruns"
     foreign.mkdir(parents=True, exist_ok=True)
-    others = [client.create_experiment(name, artifact_location=str(location)) for name, location in
-              (("elsewhere", f"{root.parent}/elsewhere/artifacts"), ("foreign", foreign))]
+    others = [
+        client.create_experiment(name, artifact_location=str(location))
+        for name, location in (("elsewhere", f"{root.parent}/elsewhere/artifacts"), ("foreign", foreign))
+    ]
     run = client.create_run(experiment)
     client.log_text(run.info.run_id, "weights", "model/weights.txt")
     logged = client.create_logged_model(experiment, name="translator", source_run_id=run.info.run_id)
@@ -58,11 +61,14 @@ def test_a_moved_store_is_rebased_onto_its_new_folder(tmp_path):
     client = MlflowClient(uri)
     assert client.get_experiment_by_name("attnlab").artifact_location == f"{new}/mlruns"
     assert client.get_experiment(elsewhere).artifact_location == f"{tmp_path}/elsewhere/artifacts"
-    assert client.get_experiment(foreign).artifact_location == f"{tmp_path}/foreign/mlruns"  # exists: not ours
+    assert (
+        client.get_experiment(foreign).artifact_location == f"{tmp_path}/foreign/mlruns"
+    )  # exists: not ours
     run = client.get_run(run_id)
     assert run.info.artifact_uri == f"{new}/mlruns/{run_id}/artifacts"
     downloaded = client.download_artifacts(run_id, "model/weights.txt", str(tmp_path / "download"))
-    assert open(downloaded).read() == "weights"
+    with open(downloaded) as f:
+        assert f.read() == "weights"
     assert client.get_logged_model(model_id).artifact_location.startswith(f"{new}/mlruns/")
     version = client.get_model_version("attnlab-transformer", "1")
     assert version.source == f"{new}/mlruns/{run_id}/artifacts/model"
@@ -80,8 +86,9 @@ def test_a_copied_project_points_at_its_copy_and_the_original_is_untouched(tmp_p
     copy = shutil.copytree(original, tmp_path / "copy")
     before = _locations(f"sqlite:///{original}/mlflow.db")
 
-    assert rebase_moved_store(f"sqlite:///{copy}/mlflow.db", f"{copy}/mlruns") == \
-        {f"{original}/mlruns": f"{copy}/mlruns"}
+    assert rebase_moved_store(f"sqlite:///{copy}/mlflow.db", f"{copy}/mlruns") == {
+        f"{original}/mlruns": f"{copy}/mlruns"
+    }
     assert rebase_moved_store(f"sqlite:///{original}/mlflow.db", f"{original}/mlruns") == {}
     assert _locations(f"sqlite:///{original}/mlflow.db") == before
 
@@ -124,19 +131,29 @@ def test_the_run_record_names_the_project_store_relative_to_itself(tmp_path):
     ckpt.parent.mkdir(parents=True)
     own = f"sqlite:///{root}/mlflow.db"
     record = write_run_record(root / "runs/transformer.json", "abc", own, "attnlab", ckpt, root=root)
-    assert json.loads(record.read_text()) == {"run_id": "abc", "tracking_db": "../mlflow.db",
-                                              "experiment": "attnlab",
-                                              "checkpoint": "../checkpoints/transformer/best.ckpt"}
-    write_run_record(root / "d2l/runs/transformer.json", "abc", own, "attnlab", ckpt, root=root)  # D2L profile
+    assert json.loads(record.read_text()) == {
+        "run_id": "abc",
+        "tracking_db": "../mlflow.db",
+        "experiment": "attnlab",
+        "checkpoint": "../checkpoints/transformer/best.ckpt",
+    }
+    write_run_record(
+        root / "d2l/runs/transformer.json", "abc", own, "attnlab", ckpt, root=root
+    )  # D2L profile
     moved = shutil.move(root, tmp_path / "moved")
     for record in ("runs/transformer.json", "d2l/runs/transformer.json"):
         got = read_run_record(moved / record, "transformer")
-        assert (got["tracking_uri"], got["checkpoint"]) == (f"sqlite:///{moved}/mlflow.db",
-                                                           f"{moved}/checkpoints/transformer/best.ckpt")
+        assert (got["tracking_uri"], got["checkpoint"]) == (
+            f"sqlite:///{moved}/mlflow.db",
+            f"{moved}/checkpoints/transformer/best.ckpt",
+        )
     # A store outside the project, a server, or the main project's store seen from a DVC
     # experiment's temporary copy (root = the copy) keep their URI.
     exp_copy = moved / ".dvc/tmp/exps/tmpab12cd"
-    for uri, at in ((f"sqlite:///{tmp_path}/elsewhere.db", moved), ("http://127.0.0.1:5000", moved),
-                    (f"sqlite:///{moved}/mlflow.db", exp_copy)):
+    for uri, at in (
+        (f"sqlite:///{tmp_path}/elsewhere.db", moved),
+        ("http://127.0.0.1:5000", moved),
+        (f"sqlite:///{moved}/mlflow.db", exp_copy),
+    ):
         write_run_record(at / "runs/transformer.json", "abc", uri, "attnlab", ckpt, root=at)
         assert read_run_record(at / "runs/transformer.json", "transformer")["tracking_uri"] == uri

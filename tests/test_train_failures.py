@@ -4,6 +4,7 @@ Each failure must stop the run with its own error class and a message that names
 what went wrong and where (the step, the directory), and must leave the files of
 earlier runs as they were.
 """
+
 import errno
 import json
 import os
@@ -17,7 +18,7 @@ import pytest
 import torch
 
 from attnlab.files import OutputDirError, ensure_writable
-from tiny_train import ROOT, STEPS_PER_EPOCH, copy_project, make_project, mlflow_client, runs, train
+from helpers.tiny_train import ROOT, STEPS_PER_EPOCH, copy_project, make_project, mlflow_client, runs, train
 
 FIX = "free disk space or fix its permissions, or choose another place with paths.root=<dir>"
 
@@ -41,13 +42,18 @@ def test_non_finite_loss_stops_with_the_step_and_keeps_the_last_checkpoint(proje
     raised before its own update. So last.ckpt holds exactly the (finite) weights the
     non-finite loss was computed from, and nothing after them."""
     root = copy_project(project, tmp_path / "project")
-    result = train(root, "optimizer=sgd", "optimizer.lr=1e8", "checkpoint.every_n_train_steps=1",
-                   "trainer.max_epochs=2")
+    result = train(
+        root, "optimizer=sgd", "optimizer.lr=1e8", "checkpoint.every_n_train_steps=1", "trainer.max_epochs=2"
+    )
     assert result.returncode == 1, result.stdout[-2000:] + result.stderr[-2000:]
     last = root / "checkpoints/transformer/last.ckpt"
-    m = re.search(r"^attnlab\.loss\.NonFiniteLossError: training loss is (nan|inf|-inf) "
-                  r"at step (\d+) \(epoch (\d+), batch (\d+)\); no weight was updated with it\. "
-                  r".*; training stopped, the last good checkpoint is (\S+) \(the weights of the step before", result.stderr, re.M)
+    m = re.search(
+        r"^attnlab\.loss\.NonFiniteLossError: training loss is (nan|inf|-inf) "
+        r"at step (\d+) \(epoch (\d+), batch (\d+)\); no weight was updated with it\. "
+        r".*; training stopped, the last good checkpoint is (\S+) \(the weights of the step before",
+        result.stderr,
+        re.M,
+    )
     assert m, result.stderr[-3000:]
     step, epoch, batch = int(m[2]), int(m[3]), int(m[4])
     assert step == epoch * STEPS_PER_EPOCH + batch  # one optimizer step per batch
@@ -85,8 +91,9 @@ def test_unwritable_output_dir_fails_before_touching_anything(project, tmp_path,
 
     result = train(root, f"{path_key}={target}", "trainer.max_epochs=1", timeout=120)
     assert result.returncode == 1
-    assert f"attnlab.files.OutputDirError: {cannot_write(target, errno.ENOTDIR)}\n" in result.stderr, \
+    assert f"attnlab.files.OutputDirError: {cannot_write(target, errno.ENOTDIR)}\n" in result.stderr, (
         result.stderr[-3000:]
+    )
     assert old_record.read_text() == '{"run_id": "earlier"}\n'
     assert old_ckpt.read_bytes() == b"an earlier checkpoint"
     assert blocker.read_text() == "a file, not a directory"
@@ -109,12 +116,20 @@ else:
 """
 
 
-def ensure_writable_in_child(d: Path, fsize_limit: int | None = None, prefix: tuple[str, ...] = ()) -> dict | None:
+def ensure_writable_in_child(
+    d: Path, fsize_limit: int | None = None, prefix: tuple[str, ...] = ()
+) -> dict | None:
     """``ensure_writable(d)`` in a fresh Python (started through ``prefix``, if any), optionally
     with files capped at ``fsize_limit`` bytes; its OutputDirError as ``{"errno", "message"}``,
     or None when it passed."""
-    out = subprocess.run([*prefix, sys.executable, "-c", _CHILD, str(d), str(fsize_limit or "none")],
-                         cwd=ROOT, capture_output=True, text=True, timeout=60, check=True)
+    out = subprocess.run(
+        [*prefix, sys.executable, "-c", _CHILD, str(d), str(fsize_limit or "none")],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=True,
+    )
     return json.loads(out.stdout)
 
 
@@ -124,7 +139,9 @@ def test_full_disk_is_an_output_dir_error(tmp_path):
     d = tmp_path / "checkpoints"
     assert ensure_writable_in_child(d, fsize_limit=1 << 20) is None  # 1 MiB: the probe fits
     assert ensure_writable_in_child(d, fsize_limit=1024) == {
-        "errno": errno.EFBIG, "message": cannot_write(d, errno.EFBIG)}
+        "errno": errno.EFBIG,
+        "message": cannot_write(d, errno.EFBIG),
+    }
     assert list(d.iterdir()) == []  # the probe file is gone
 
 
@@ -142,8 +159,9 @@ def test_read_only_directory(tmp_path):
         d.chmod(0o755)
 
 
-@pytest.mark.skipif(os.geteuid() != 0 or not shutil.which("setpriv"),
-                    reason="needs root and util-linux setpriv")
+@pytest.mark.skipif(
+    os.geteuid() != 0 or not shutil.which("setpriv"), reason="needs root and util-linux setpriv"
+)
 def test_read_only_directory_as_root_without_dac_override(tmp_path):
     """The chmod case where the tests run as root: the check runs as root without the
     capabilities that let root ignore permission bits (CAP_DAC_OVERRIDE, CAP_DAC_READ_SEARCH),

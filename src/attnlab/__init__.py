@@ -1,4 +1,5 @@
 """attnlab: attention models (D2L chapter 11) in a reproducible DVC + Hydra + MLflow pipeline."""
+
 from attnlab.config import register_resolvers
 
 __version__ = "0.1.0"

@@ -5,6 +5,7 @@ containers (so ``torch.load(weights_only=True)`` works) and whose
 ``state_dict`` keys start with ``net.``. Evaluation and export read them here
 without importing Lightning, which keeps those stages quick to start.
 """
+
 from __future__ import annotations
 
 import pickle
@@ -48,16 +49,21 @@ def load_net(path: Path, expected_kind: str | None = None) -> nn.Module:
         ckpt = torch.load(path, map_location="cpu", weights_only=True)
     except pickle.UnpicklingError as e:
         if "Weights only load failed" not in str(e):
-            raise CheckpointError(f"{path} is corrupt or not a torch checkpoint ({e}); "
-                                  "retrain with `python src/train.py` or copy the file again") from None
+            raise CheckpointError(
+                f"{path} is corrupt or not a torch checkpoint ({e}); "
+                "retrain with `python src/train.py` or copy the file again"
+            ) from None
         raise CheckpointError(
             f"{path} holds Python objects that torch.load(weights_only=True) refuses (attnlab never "
             "unpickles arbitrary objects), e.g. OmegaConf configs in its hyper_parameters; it was not "
-            "written by this version of src/train.py: retrain with `python src/train.py`") from None
+            "written by this version of src/train.py: retrain with `python src/train.py`"
+        ) from None
     except (RuntimeError, EOFError, KeyError, ValueError, OSError) as e:
-        raise CheckpointError(f"{path} is truncated or not a torch checkpoint "
-                              f"({type(e).__name__}: {str(e).splitlines()[0] if str(e) else 'empty'}); "
-                              "retrain with `python src/train.py` or copy the file again") from None
+        raise CheckpointError(
+            f"{path} is truncated or not a torch checkpoint "
+            f"({type(e).__name__}: {str(e).splitlines()[0] if str(e) else 'empty'}); "
+            "retrain with `python src/train.py` or copy the file again"
+        ) from None
     hp = ckpt.get("hyper_parameters", {}) if isinstance(ckpt, dict) else {}
     if "net" in hp:
         extra = {"src_vocab_size": hp["src_vocab_size"]} if hp.get("src_vocab_size") else {}
@@ -68,18 +74,25 @@ def load_net(path: Path, expected_kind: str | None = None) -> nn.Module:
     elif "init_w" in hp:
         net = NadarayaWatson(parametric=True, init_w=hp["init_w"])
     else:
-        raise CheckpointError(f"{path} was not written by attnlab's src/train.py (no model "
-                              "hyper_parameters); pass a checkpoints/<model>/ file or retrain with "
-                              "`python src/train.py`")
+        raise CheckpointError(
+            f"{path} was not written by attnlab's src/train.py (no model "
+            "hyper_parameters); pass a checkpoints/<model>/ file or retrain with "
+            "`python src/train.py`"
+        )
     if expected_kind is not None and net.kind != expected_kind:
-        raise CheckpointError(f"{path} holds a {net.kind} model, not {expected_kind}; pass "
-                              f"checkpoints/{expected_kind}/ (train it with `python src/train.py "
-                              f"model={expected_kind}`) or run with model={net.kind}")
+        raise CheckpointError(
+            f"{path} holds a {net.kind} model, not {expected_kind}; pass "
+            f"checkpoints/{expected_kind}/ (train it with `python src/train.py "
+            f"model={expected_kind}`) or run with model={net.kind}"
+        )
     try:
-        net.load_state_dict({k[len("net."):]: v for k, v in ckpt.get("state_dict", {}).items()
-                             if k.startswith("net.")})
+        net.load_state_dict(
+            {k[len("net.") :]: v for k, v in ckpt.get("state_dict", {}).items() if k.startswith("net.")}
+        )
     except RuntimeError as e:
-        raise CheckpointError(f"{path}: its weights do not fit the {net.kind} model its "
-                              f"hyper_parameters describe ({str(e).splitlines()[0]}); "
-                              "retrain with `python src/train.py`") from None
+        raise CheckpointError(
+            f"{path}: its weights do not fit the {net.kind} model its "
+            f"hyper_parameters describe ({str(e).splitlines()[0]}); "
+            "retrain with `python src/train.py`"
+        ) from None
     return net.eval()

@@ -1,4 +1,5 @@
 """OmegaConf resolvers used by conf/*.yaml; registered when :mod:`attnlab` is imported."""
+
 from __future__ import annotations
 
 from pathlib import Path
@@ -24,7 +25,7 @@ def dvc_project(root: str) -> str:
     parts = path.parts
     marker = DVC_EXP_WORKSPACES.parts
     for i in range(len(parts) - len(marker)):
-        if parts[i:i + len(marker)] == marker and len(parts) > i + len(marker):
+        if parts[i : i + len(marker)] == marker and len(parts) > i + len(marker):
             return str(Path(*parts[:i]))
     return str(root)
 

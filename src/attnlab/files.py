@@ -3,6 +3,7 @@
 A killed process leaves either the old file or the new one, never half of one.
 :func:`staged_dir` does for a whole folder what the writers do for a file.
 """
+
 from __future__ import annotations
 
 import json
@@ -127,8 +128,10 @@ def ensure_writable(*dirs: Path) -> None:
                 os.fsync(f.fileno())
         except OSError as e:
             raise OutputDirError(
-                e.errno, f"cannot write to output directory {d} ({e.strerror or e}): free disk "
-                "space or fix its permissions, or choose another place with paths.root=<dir>") from None
+                e.errno,
+                f"cannot write to output directory {d} ({e.strerror or e}): free disk "
+                "space or fix its permissions, or choose another place with paths.root=<dir>",
+            ) from None
 
 
 def rebase(path: str | None, old_dir: str, new_dir: str) -> str | None:
@@ -143,5 +146,4 @@ def rebase(path: str | None, old_dir: str, new_dir: str) -> str | None:
     old = old_dir.rstrip("/")
     if path is None or not (path == old or path.startswith(old + "/")):
         return None
-    return new_dir.rstrip("/") + path[len(old):]
-
+    return new_dir.rstrip("/") + path[len(old) :]

@@ -19,6 +19,7 @@ reference token and ε/V on every token, so per token
 
 averaged over the N tokens; the gradient with respect to z is softmax(z) − (1 − ε)·onehot(y) − ε/V.
 """
+
 from __future__ import annotations
 
 import torch
@@ -79,9 +80,14 @@ class _LinearCrossEntropy(torch.autograd.Function):
         return (*(None if g is None else g * scale for g in grads), None, None, None, None)
 
 
-def linear_cross_entropy(h: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
-                         target: torch.Tensor, label_smoothing: float = 0.0,
-                         chunk_size: int = 512) -> torch.Tensor:
+def linear_cross_entropy(
+    h: torch.Tensor,
+    weight: torch.Tensor,
+    bias: torch.Tensor | None,
+    target: torch.Tensor,
+    label_smoothing: float = 0.0,
+    chunk_size: int = 512,
+) -> torch.Tensor:
     """Mean label-smoothed cross-entropy of the logits ``h @ weight.T + bias`` against ``target``.
 
     Equals ``F.cross_entropy(F.linear(h, weight, bias), target, label_smoothing=ε)``
@@ -104,8 +110,10 @@ def linear_cross_entropy(h: torch.Tensor, weight: torch.Tensor, bias: torch.Tens
         ValueError: shapes that do not match, ε outside [0, 1), or chunk_size < 1.
     """
     if h.dim() != 2 or weight.dim() != 2 or h.shape[1] != weight.shape[1] or target.shape != h.shape[:1]:
-        raise ValueError(f"linear_cross_entropy needs h (N, d), weight (V, d), target (N,); got "
-                         f"{tuple(h.shape)}, {tuple(weight.shape)}, {tuple(target.shape)}")
+        raise ValueError(
+            f"linear_cross_entropy needs h (N, d), weight (V, d), target (N,); got "
+            f"{tuple(h.shape)}, {tuple(weight.shape)}, {tuple(target.shape)}"
+        )
     if not 0.0 <= label_smoothing < 1.0:
         raise ValueError(f"label_smoothing must be in [0, 1), got {label_smoothing}")
     if chunk_size < 1:
@@ -113,8 +121,15 @@ def linear_cross_entropy(h: torch.Tensor, weight: torch.Tensor, bias: torch.Tens
     grad = torch.is_grad_enabled()
     needs = tuple(grad and t is not None and t.requires_grad for t in (h, weight, bias))
     with torch.autocast(h.device.type, enabled=False):
-        return _LinearCrossEntropy.apply(h.float(), weight.float(), None if bias is None else bias.float(),
-                                         target, float(label_smoothing), int(chunk_size), needs)
+        return _LinearCrossEntropy.apply(
+            h.float(),
+            weight.float(),
+            None if bias is None else bias.float(),
+            target,
+            float(label_smoothing),
+            int(chunk_size),
+            needs,
+        )
 
 
 def sequence_loss(net, batch: dict, label_smoothing: float = 0.0, chunk_size: int = 512) -> torch.Tensor:
@@ -133,5 +148,6 @@ def sequence_loss(net, batch: dict, label_smoothing: float = 0.0, chunk_size: in
     h = net.features(batch["src"], batch["src_valid_lens"], batch["tgt_in"])  # (B, T, d)
     keep = batch["tgt_out"] != PAD_ID
     layer = net.output_layer
-    return linear_cross_entropy(h[keep], layer.weight, layer.bias, batch["tgt_out"][keep],
-                                label_smoothing, chunk_size)
+    return linear_cross_entropy(
+        h[keep], layer.weight, layer.bias, batch["tgt_out"][keep], label_smoothing, chunk_size
+    )

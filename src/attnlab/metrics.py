@@ -7,11 +7,12 @@ sacreBLEU (no 'exp' smoothing when an n-gram order has no match, float32 arithme
 chrF's whitespace and empty-hypothesis handling), e.g. 0.0 vs sacreBLEU's 8.1167 on a
 one-sentence corpus with no 4-gram match.
 """
+
 from __future__ import annotations
 
 import collections
 import math
-from typing import Sequence
+from collections.abc import Sequence
 
 import torch
 from sacrebleu.metrics import BLEU, CHRF
@@ -33,7 +34,7 @@ def d2l_bleu(pred_seq: str, label_seq: str, k: int) -> float:
         return 0.0
     score = math.exp(min(0.0, 1 - len_label / len_pred))
     for n in range(1, min(k, len_pred) + 1):
-        num_matches, label_subs = 0, collections.defaultdict(int)
+        num_matches, label_subs = 0, collections.Counter[str]()
         for i in range(len_label - n + 1):
             label_subs[" ".join(label_tokens[i : i + n])] += 1
         for i in range(len_pred - n + 1):
@@ -47,8 +48,7 @@ def d2l_bleu(pred_seq: str, label_seq: str, k: int) -> float:
 
 def _sacrebleu_metrics() -> dict[str, BLEU | CHRF]:
     """sacreBLEU's metric objects with the settings of ``corpus_bleu``/``corpus_chrf``' defaults."""
-    return {"bleu": BLEU(tokenize="13a"), "bleu_lc": BLEU(tokenize="13a", lowercase=True),
-            "chrf": CHRF()}
+    return {"bleu": BLEU(tokenize="13a"), "bleu_lc": BLEU(tokenize="13a", lowercase=True), "chrf": CHRF()}
 
 
 def _check_pairs(hypotheses: Sequence[str], references: Sequence[str]) -> None:
@@ -57,8 +57,10 @@ def _check_pairs(hypotheses: Sequence[str], references: Sequence[str]) -> None:
     for what, lines in (("hypothesis", hypotheses), ("reference", references)):
         for i, line in enumerate(lines):
             if not isinstance(line, str):
-                raise TypeError(f"{what} {i} is {type(line).__name__}, not a str: "
-                                "pass detokenized text, one string per sentence")
+                raise TypeError(
+                    f"{what} {i} is {type(line).__name__}, not a str: "
+                    "pass detokenized text, one string per sentence"
+                )
 
 
 class CorpusScores(Metric):
@@ -89,9 +91,12 @@ class CorpusScores(Metric):
     def __init__(self, **kwargs):
         super().__init__(**kwargs)
         self._scorers = _sacrebleu_metrics()
-        sizes = {"bleu": 2 + 2 * self._scorers["bleu"].max_ngram_order,
-                 "bleu_lc": 2 + 2 * self._scorers["bleu_lc"].max_ngram_order,
-                 "chrf": 3 * self._scorers["chrf"].order}
+        # sufficient statistics: BLEU's hyp/ref lengths + matches and totals per n-gram order,
+        # chrF's three per order
+        sizes = {
+            key: 2 + 2 * scorer.max_ngram_order if isinstance(scorer, BLEU) else 3 * scorer.order
+            for key, scorer in self._scorers.items()
+        }
         for key, size in sizes.items():
             self.add_state(f"{key}_stats", torch.zeros(size, dtype=torch.int64), dist_reduce_fx="sum")
 
@@ -106,8 +111,10 @@ class CorpusScores(Metric):
             state += torch.tensor(per_sentence, dtype=torch.int64).sum(dim=0).to(state.device)
 
     def compute(self) -> dict[str, float]:
-        return {key: float(scorer._compute_score_from_stats(getattr(self, f"{key}_stats").tolist()).score)
-                for key, scorer in self._scorers.items()}
+        return {
+            key: float(scorer._compute_score_from_stats(getattr(self, f"{key}_stats").tolist()).score)
+            for key, scorer in self._scorers.items()
+        }
 
 
 def corpus_scores(hypotheses: Sequence[str], references: Sequence[str]) -> dict[str, float]:

@@ -5,6 +5,7 @@ under ``dvc repro``; :func:`hide_mlflow_prints` drops MLflow's registry prints. 
 hidden, and when, is described in :mod:`attnlab.console`. ``ATTNLAB_VERBOSE=1``
 (:func:`verbose`) hides nothing.
 """
+
 from __future__ import annotations
 
 import logging
@@ -12,8 +13,8 @@ import os
 import re
 import sys
 import warnings
-from contextlib import contextmanager
-from typing import Iterable, Iterator
+from collections.abc import Iterable, Iterator
+from contextlib import contextmanager, suppress
 
 VERBOSE_ENV = "ATTNLAB_VERBOSE"
 DVC_STAGE_ENV = "DVC_STAGE"
@@ -21,8 +22,8 @@ DVC_STAGE_ENV = "DVC_STAGE"
 # Warnings that say nothing about a run of this project (regular expressions matched at the
 # start of the message, as `warnings.filterwarnings` does).
 NOISE_WARNINGS = (
-    r".*does not have many workers",             # our loaders batch in the main process by design
-    r".*is smaller than the logging interval",   # log_every_n_steps vs. a short epoch
+    r".*does not have many workers",  # our loaders batch in the main process by design
+    r".*is smaller than the logging interval",  # log_every_n_steps vs. a short epoch
     r".*isinstance\(treespec, LeafSpec\)` is deprecated",  # Lightning vs. this torch version
 )
 # Log lines of Lightning and MLflow that are noise for every run (regular expressions searched
@@ -36,11 +37,16 @@ NOISE_LINES = (
 QUIET_WARNINGS = (r"Checkpoint directory .* exists and is not empty",)
 # Console lines hidden under `dvc repro` (still in the Hydra log file): (logger, message template).
 # The averaging line repeats the summary's "kept" row.
-QUIET_LINES = (("attnlab.lit.checkpoints", "rank %d: checkpoint %s (exists: %s)"),
-               ("attnlab.lit.checkpoints", "kept checkpoint: the mean of the weights after epochs %s"))
+QUIET_LINES = (
+    ("attnlab.lit.checkpoints", "rank %d: checkpoint %s (exists: %s)"),
+    ("attnlab.lit.checkpoints", "kept checkpoint: the mean of the weights after epochs %s"),
+)
 # MLflow's own prints (not logging) around model registration.
-MLFLOW_PRINTS = (r"^Successfully registered model ", r"^Registered model .* already exists",
-                 r"^Created version '")
+MLFLOW_PRINTS = (
+    r"^Successfully registered model ",
+    r"^Registered model .* already exists",
+    r"^Created version '",
+)
 _LIGHTNING_LOGGERS = ("pytorch_lightning", "lightning_fabric")
 
 
@@ -92,7 +98,8 @@ class _QuietLoggers(logging.Filter):
 
     def filter(self, record: logging.LogRecord) -> bool:
         return record.levelno >= logging.WARNING or not any(
-            record.name == n or record.name.startswith(n + ".") for n in self.names)
+            record.name == n or record.name.startswith(n + ".") for n in self.names
+        )
 
 
 def _handlers(console_only: bool) -> list[logging.Handler]:
@@ -121,10 +128,8 @@ def setup(mlflow: bool = True) -> None:
     """
     for stream in (sys.stdout, sys.stderr):
         if hasattr(stream, "reconfigure"):
-            try:
+            with suppress(ValueError, OSError):  # a stream that cannot (closed, detached)
                 stream.reconfigure(line_buffering=True)
-            except (ValueError, OSError):  # a stream that cannot (closed, detached)
-                pass
     if verbose():
         return
     for pattern in NOISE_WARNINGS:
@@ -198,4 +203,3 @@ class _LineFilter:
 
     def __getattr__(self, name):  # encoding, fileno, ...: the real stream's
         return getattr(self.target, name)
-

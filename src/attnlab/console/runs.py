@@ -3,6 +3,7 @@
 Used by :mod:`attnlab.console.summaries`. MLflow is imported only when a client is made
 (:func:`mlflow_client`), so the stages that never use MLflow are spared its import.
 """
+
 from __future__ import annotations
 
 from attnlab.console.epoch_table import VAL_KEYS
@@ -13,8 +14,10 @@ def mlflow_links(tracking_uri: str, experiment_id: str | None, run_id: str) -> l
     on its default address; for an ``http(s)://`` tracking server the run's page there."""
     page = f"#/experiments/{experiment_id}/runs/{run_id}" if experiment_id is not None else None
     if tracking_uri.startswith("sqlite:"):
-        return [("browse", f"mlflow ui --backend-store-uri {tracking_uri}"),
-                *([("run page", f"http://127.0.0.1:5000/{page}")] if page else [])]
+        return [
+            ("browse", f"mlflow ui --backend-store-uri {tracking_uri}"),
+            *([("run page", f"http://127.0.0.1:5000/{page}")] if page else []),
+        ]
     if tracking_uri.startswith(("http://", "https://")):
         base = tracking_uri.rstrip("/")
         return [("run page", f"{base}/{page}" if page else base)]
@@ -37,6 +40,7 @@ def best_epoch(client, run_id: str, monitor: str | None, mode: str = "min") -> d
         ``{"epoch": 1-based epoch, "by": monitor or None, "val_loss": ..., "val_bleu": ...}``
         (the val_* logged at that epoch's step), or ``None`` if the run has no epoch history.
     """
+
     def by_step(key):
         return {m.step: m.value for m in client.get_metric_history(run_id, key)}
 

@@ -4,10 +4,11 @@
 tokenize, download). The MLflow reads they need are in :mod:`attnlab.console.runs`; none of
 them fails a finished stage: a failed read becomes a note line.
 """
+
 from __future__ import annotations
 
+from collections.abc import Iterable
 from pathlib import Path
-from typing import Iterable
 
 from attnlab.console.epoch_table import EPOCH_COLUMNS, VAL_KEYS, as_float, counted
 from attnlab.console.runs import best_epoch, mlflow_client, mlflow_links
@@ -55,8 +56,12 @@ def train_summary(cfg, trainer, logger, checkpoint: str | Path, averaged: Iterab
     averaged = list(averaged)
     if averaged:
         span = f"epochs {averaged[0]}-{averaged[-1]}" if len(averaged) > 1 else f"epoch {averaged[0]}"
-        rows.append(("kept", f"mean of the weights after {span} "
-                             f"(checkpoint.average_last={cfg.checkpoint.average_last})"))
+        rows.append(
+            (
+                "kept",
+                f"mean of the weights after {span} (checkpoint.average_last={cfg.checkpoint.average_last})",
+            )
+        )
         try:
             run = mlflow_client(uri).get_run(run_id) if logger.offline_reason is None else None
         except Exception as e:  # noqa: BLE001 - a summary must not fail a finished run
@@ -70,8 +75,11 @@ def train_summary(cfg, trainer, logger, checkpoint: str | Path, averaged: Iterab
             best = None
             notes.append(f"{name}: could not read the run back from MLflow ({_brief(e)})")
         if best is not None:
-            how = (f"{'lowest' if cfg.checkpoint.mode == 'min' else 'highest'} {best['by']}"
-                   if best["by"] else "last epoch")
+            how = (
+                f"{'lowest' if cfg.checkpoint.mode == 'min' else 'highest'} {best['by']}"
+                if best["by"]
+                else "last epoch"
+            )
             rows.append(("best epoch", f"{best['epoch']} of {trainer.current_epoch} ({how})"))
             rows += _val_rows(best)
     else:
@@ -85,8 +93,10 @@ def train_summary(cfg, trainer, logger, checkpoint: str | Path, averaged: Iterab
     rows.append(("tracking", uri))
     rows += mlflow_links(uri, run.info.experiment_id if run else None, run_id)
     if logger.offline_reason:
-        notes.append(f"{name}: MLflow tracking stopped during the run ({logger.offline_reason}); "
-                     "metrics after that point were not logged")
+        notes.append(
+            f"{name}: MLflow tracking stopped during the run ({logger.offline_reason}); "
+            "metrics after that point were not logged"
+        )
     return block(title, rows, notes)
 
 
@@ -96,13 +106,19 @@ def _run_rows(record: dict, logged: Iterable[str] = ()) -> tuple[list[tuple[str,
     what = f" (logged {', '.join(logged)})" if logged else ""
     try:
         experiment_id = mlflow_client(uri).get_run(run_id).info.experiment_id
-    except Exception as e:  # noqa: BLE001
+    except Exception as e:  # noqa: BLE001 - the summary notes an unreadable run and goes on
         return [("MLflow run", run_id + what)], [f"could not read run {run_id} from {uri} ({_brief(e)})"]
     return [("MLflow run", run_id + what), *mlflow_links(uri, experiment_id, run_id)], []
 
 
-def evaluate_summary(name: str, scores: dict, metrics_path: Path, record: dict,
-                     hypotheses: Path | None = None, logged: Iterable[str] = ()) -> str:
+def evaluate_summary(
+    name: str,
+    scores: dict,
+    metrics_path: Path,
+    record: dict,
+    hypotheses: Path | None = None,
+    logged: Iterable[str] = (),
+) -> str:
     """The end-of-evaluation summary.
 
     Args:
@@ -118,38 +134,61 @@ def evaluate_summary(name: str, scores: dict, metrics_path: Path, record: dict,
     """
     if "bleu" in scores:
         title = f"{name}: {scores.get('num_sentences', '?')} test sentences scored"
-        rows = [("test_bleu", f"{scores['bleu']:.2f} (sacreBLEU, cased, 13a)"),
-                ("bleu_lc", f"{scores['bleu_lc']:.2f}"), ("chrF", f"{scores['chrf']:.2f}")]
+        rows = [
+            ("test_bleu", f"{scores['bleu']:.2f} (sacreBLEU, cased, 13a)"),
+            ("bleu_lc", f"{scores['bleu_lc']:.2f}"),
+            ("chrF", f"{scores['chrf']:.2f}"),
+        ]
         more = scores.get("more_test_sets", {})
-        rows += [("also", f"{test_set}: BLEU {s['bleu']:.2f}, bleu_lc {s['bleu_lc']:.2f}, "
-                          f"chrF {s['chrf']:.2f} ({s['num_sentences']} sentences)")
-                 for test_set, s in more.items()]
+        rows += [
+            (
+                "also",
+                f"{test_set}: BLEU {s['bleu']:.2f}, bleu_lc {s['bleu_lc']:.2f}, "
+                f"chrF {s['chrf']:.2f} ({s['num_sentences']} sentences)",
+            )
+            for test_set, s in more.items()
+        ]
         # test_bleu/<name>, test_bleu_lc/<name>, test_chrf/<name>: named once, not three times
         logged = [k for k in logged if "/" not in k] + [f"test_*/{name}" for name in more]
     else:
         title = f"{name}: test MSE"
-        rows = [("test MSE", f"{scores['mse']:.4f} (learned w {scores['w']:.4f})"),
-                ("non-parametric", f"{scores['mse_nonparametric']:.4f} (gaussian, w 1)"),
-                ("average pooling", f"{scores['mse_average_pooling']:.4f}")]
+        rows = [
+            ("test MSE", f"{scores['mse']:.4f} (learned w {scores['w']:.4f})"),
+            ("non-parametric", f"{scores['mse_nonparametric']:.4f} (gaussian, w 1)"),
+            ("average pooling", f"{scores['mse_average_pooling']:.4f}"),
+        ]
         width = scores.get("kernel_width")
-        rows += [(k[4:], f"{v:.4f} (width {width})") for k, v in scores.items()
-                 if k.startswith("mse_") and k not in ("mse_nonparametric", "mse_average_pooling")]
+        rows += [
+            (k[4:], f"{v:.4f} (width {width})")
+            for k, v in scores.items()
+            if k.startswith("mse_") and k not in ("mse_nonparametric", "mse_average_pooling")
+        ]
     rows += [("metrics", metrics_path), ("hypotheses", hypotheses)]
     run_rows, notes = _run_rows(record, logged)
     return block(title, rows + run_rows, notes)
 
 
-def export_summary(name: str, folder: Path, record: dict, registered: str | None = None,
-                   version: int | str | None = None, serve: str | None = None) -> str:
+def export_summary(
+    name: str,
+    folder: Path,
+    record: dict,
+    registered: str | None = None,
+    version: int | str | None = None,
+    serve: str | None = None,
+) -> str:
     """The end-of-export summary: the folder, the registered MLflow model (name, the new
     version, which now has the alias ``champion``), the run it was logged to, and the
-    commands that serve (``serve``, from :func:`attnlab.export.registry.serve_command`) and use it."""
-    rows = [("folder", folder),
-            ("registered", f"{registered} version {version} (alias champion)" if registered else None)]
+    commands that serve (``serve``, from :func:`attnlab.serving.registry.serve_command`) and use it."""
+    rows = [
+        ("folder", folder),
+        ("registered", f"{registered} version {version} (alias champion)" if registered else None),
+    ]
     run_rows, notes = _run_rows(record)
     rows += [r for r in run_rows if r[0] == "MLflow run"]
-    rows += [("serve", serve),
-             ("translate", f'python src/translate.py model={name} +text="A dog runs."' if registered else None)]
+    rows += [
+        ("serve", serve),
+        ("translate", f'python src/translate.py model={name} +text="A dog runs."' if registered else None),
+    ]
     return block(f"{name}: exported", rows, notes)
 
 
@@ -162,9 +201,12 @@ def tokenize_summary(corpus: str, out: Path, splits: dict[str, str], vocabulary:
         splits: split name -> its pair count as text, e.g. ``{"train": "40 of 46"}``.
         vocabulary: e.g. ``8000 pieces``.
     """
-    rows = [("output", out), ("vocabulary", vocabulary),
-            ("pairs", ", ".join(f"{k} {v}" for k, v in splits.items())),
-            ("counts", out / "stats.json")]
+    rows = [
+        ("output", out),
+        ("vocabulary", vocabulary),
+        ("pairs", ", ".join(f"{k} {v}" for k, v in splits.items())),
+        ("counts", out / "stats.json"),
+    ]
     return block(f"tokenize: {corpus}", rows)
 
 
@@ -179,7 +221,10 @@ def download_summary(folder: Path, files: list[tuple[str, bool]], source: str) -
     fetched = [f for f, new in files if new]
     names = ", ".join(fetched[:3]) + (f", +{len(fetched) - 3} more" if len(fetched) > 3 else "")
     size = sum((Path(folder) / f).stat().st_size for f, _ in files)
-    rows = [("folder", folder), ("source", source),
-            ("fetched", f"{len(fetched)} ({names})" if fetched else "0 (all present and verified)"),
-            ("size", f"{size / 1e6:.1f} MB")]
+    rows = [
+        ("folder", folder),
+        ("source", source),
+        ("fetched", f"{len(fetched)} ({names})" if fetched else "0 (all present and verified)"),
+        ("size", f"{size / 1e6:.1f} MB"),
+    ]
     return block(f"download: {len(files)} files, checksums verified", rows)

@@ -5,6 +5,7 @@ A batch is a dict of int64 tensors:
 ``tgt_in`` (B, T) <bos> + target (teacher-forcing input);
 ``tgt_out`` (B, T) target + <eos> (labels, <pad> where ignored).
 """
+
 from __future__ import annotations
 
 import random
@@ -20,8 +21,9 @@ class PairDataset(Dataset):
     """(source ids, target ids) pairs; pairs longer than ``max_len`` tokens on either side are dropped."""
 
     def __init__(self, src: list[np.ndarray], tgt: list[np.ndarray], max_len: int | None = None):
-        keep = [i for i in range(len(src))
-                if max_len is None or (len(src[i]) < max_len and len(tgt[i]) < max_len)]
+        keep = [
+            i for i in range(len(src)) if max_len is None or (len(src[i]) < max_len and len(tgt[i]) < max_len)
+        ]
         self.src = [src[i] for i in keep]
         self.tgt = [tgt[i] for i in keep]
         self.num_dropped = len(src) - len(keep)
@@ -71,8 +73,7 @@ class _EpochBatchSampler(Sampler[list[int]]):
     :class:`attnlab.data.datamodule.ResumableDataLoader` when a run resumes mid-epoch).
     """
 
-    def __init__(self, lengths: list[int], shuffle: bool, seed: int, num_replicas: int = 1,
-                 rank: int = 0):
+    def __init__(self, lengths: list[int], shuffle: bool, seed: int, num_replicas: int = 1, rank: int = 0):
         if not 0 <= rank < num_replicas:
             raise ValueError(f"rank must be in [0, {num_replicas}), got {rank}")
         self.lengths, self.shuffle, self.seed = lengths, shuffle, seed
@@ -103,7 +104,7 @@ class _EpochBatchSampler(Sampler[list[int]]):
         batches = self._epoch_batches(random.Random(self.seed + self.epoch))
         if self.num_replicas > 1 and batches:
             total = -(-len(batches) // self.num_replicas) * self.num_replicas
-            batches = (batches * (total // len(batches) + 1))[:total][self.rank::self.num_replicas]
+            batches = (batches * (total // len(batches) + 1))[:total][self.rank :: self.num_replicas]
         skip, self.skip = self.skip, 0
         self.epoch += 1
         return iter(batches[skip:])
@@ -119,8 +120,16 @@ class BucketBatchSampler(_EpochBatchSampler):
     ``rank``: DDP sharding (see :class:`_EpochBatchSampler`).
     """
 
-    def __init__(self, lengths: list[int], batch_size: int, shuffle: bool = True,
-                 seed: int = 0, pool_batches: int = 50, num_replicas: int = 1, rank: int = 0):
+    def __init__(
+        self,
+        lengths: list[int],
+        batch_size: int,
+        shuffle: bool = True,
+        seed: int = 0,
+        pool_batches: int = 50,
+        num_replicas: int = 1,
+        rank: int = 0,
+    ):
         super().__init__(lengths, shuffle, seed, num_replicas, rank)
         self.batch_size = batch_size
         self.pool = batch_size * pool_batches
@@ -137,8 +146,9 @@ class BucketBatchSampler(_EpochBatchSampler):
         return (len(self.lengths) + self.batch_size - 1) // self.batch_size
 
 
-def token_budget_batches(lengths: list[int], max_tokens: int, order: list[int] | None = None,
-                         max_sentences: int | None = None) -> list[list[int]]:
+def token_budget_batches(
+    lengths: list[int], max_tokens: int, order: list[int] | None = None, max_sentences: int | None = None
+) -> list[list[int]]:
     """Cut length-sorted indices into batches of at most ``max_tokens`` padded tokens (fairseq).
 
     A batch of n pairs whose longest has length m costs n·m tokens (the
@@ -178,8 +188,15 @@ class TokenBudgetBatchSampler(_EpochBatchSampler):
         ValueError: if ``max_tokens`` < 1.
     """
 
-    def __init__(self, lengths: list[int], max_tokens: int, shuffle: bool = True, seed: int = 0,
-                 num_replicas: int = 1, rank: int = 0):
+    def __init__(
+        self,
+        lengths: list[int],
+        max_tokens: int,
+        shuffle: bool = True,
+        seed: int = 0,
+        num_replicas: int = 1,
+        rank: int = 0,
+    ):
         if max_tokens < 1:
             raise ValueError(f"max_tokens must be ≥ 1, got {max_tokens}")
         super().__init__(lengths, shuffle, seed, num_replicas, rank)

@@ -14,6 +14,7 @@ which hold no pair, are skipped), so val/test stay aligned with their
 references; which training pairs the tokenize stage keeps is
 :func:`attnlab.data.tokenizer.filter_pairs`.
 """
+
 from __future__ import annotations
 
 import gzip
@@ -74,8 +75,10 @@ def _decode_utf8(raw: bytes, where: str) -> str:
         return raw.decode("utf-8")
     except UnicodeDecodeError as e:
         line = raw.count(b"\n", 0, e.start) + 1
-        raise CorpusError(f"{where}: line {line} is not valid UTF-8 ({e.reason}); "
-                          "convert the file to UTF-8 or fix that line") from None
+        raise CorpusError(
+            f"{where}: line {line} is not valid UTF-8 ({e.reason}); "
+            "convert the file to UTF-8 or fix that line"
+        ) from None
 
 
 def read_lines(path: Path) -> list[str]:
@@ -88,18 +91,19 @@ def read_lines(path: Path) -> list[str]:
     """
     path = Path(path)
     if not path.exists():
-        raise CorpusError(f"{path} does not exist; run `dvc repro download` "
-                          "(or `python src/download.py`) first")
+        raise CorpusError(
+            f"{path} does not exist; run `dvc repro download` (or `python src/download.py`) first"
+        )
     if path.suffix == ".gz":
         if path.stat().st_size == 0:  # gzip.open reads an empty file as empty text
-            raise CorpusError(f"{path} is empty (0 bytes), not a gzip file: it was cut short; "
-                              f"{_REDOWNLOAD}")
+            raise CorpusError(f"{path} is empty (0 bytes), not a gzip file: it was cut short; {_REDOWNLOAD}")
         try:
             with gzip.open(path, "rb") as f:
                 raw = f.read()
         except (EOFError, gzip.BadGzipFile, zlib.error) as e:  # truncated, not gzip, bad CRC/deflate
-            raise CorpusError(f"{path} is truncated or corrupt ({type(e).__name__}: {e}); "
-                              f"{_REDOWNLOAD}") from None
+            raise CorpusError(
+                f"{path} is truncated or corrupt ({type(e).__name__}: {e}); {_REDOWNLOAD}"
+            ) from None
     else:
         raw = path.read_bytes()
     lines = _decode_utf8(raw, str(path)).split("\n")
@@ -119,21 +123,24 @@ def read_zip_text(zip_path: Path, member: str) -> str:
     """
     zip_path = Path(zip_path)
     if not zip_path.exists():
-        raise CorpusError(f"{zip_path} does not exist; run `dvc repro download` "
-                          "(or `python src/download.py`) first")
+        raise CorpusError(
+            f"{zip_path} does not exist; run `dvc repro download` (or `python src/download.py`) first"
+        )
     try:
         with zipfile.ZipFile(zip_path) as zf:
             raw = zf.read(member)
     except KeyError:
-        raise CorpusError(f"{zip_path} has no {member}; it is not the expected archive: "
-                          f"{_REDOWNLOAD}") from None
+        raise CorpusError(
+            f"{zip_path} has no {member}; it is not the expected archive: {_REDOWNLOAD}"
+        ) from None
     except PermissionError:
         raise
     except (zipfile.BadZipFile, EOFError, zlib.error, NotImplementedError, OSError) as e:
         # OSError: a corrupt offset makes zipfile seek before the start of the file;
         # NotImplementedError: corrupt flags read as encryption or an unknown compression.
-        raise CorpusError(f"{zip_path} is truncated or corrupt ({type(e).__name__}: {e}); "
-                          f"{_REDOWNLOAD}") from None
+        raise CorpusError(
+            f"{zip_path} is truncated or corrupt ({type(e).__name__}: {e}); {_REDOWNLOAD}"
+        ) from None
     return _decode_utf8(raw, f"{zip_path}:{member}")
 
 
@@ -147,7 +154,8 @@ def read_parallel(src_path: Path, tgt_path: Path) -> list[tuple[str, str]]:
     if len(src) != len(tgt):
         raise CorpusError(
             f"line counts differ: {src_path} has {len(src)} lines, {tgt_path} has {len(tgt)}; "
-            "the two sides of a split must be line-aligned")
+            "the two sides of a split must be line-aligned"
+        )
     return list(zip(src, tgt))
 
 
@@ -174,8 +182,10 @@ def read_fra_eng(zip_path: Path, src_lang: str = "en", tgt_lang: str = "fr") -> 
             continue
         cols = line.split("\t")
         if len(cols) < 2:
-            raise CorpusError(f"{zip_path}:fra-eng/fra.txt line {i} has no tab separator; it is not "
-                              f"D2L's English<TAB>French file: {_REDOWNLOAD}")
+            raise CorpusError(
+                f"{zip_path}:fra-eng/fra.txt line {i} has no tab separator; it is not "
+                f"D2L's English<TAB>French file: {_REDOWNLOAD}"
+            )
         en, fr = normalize(cols[0]), normalize(cols[1])
         pairs.append((en, fr) if src_lang == "en" else (fr, en))
     return pairs
@@ -186,8 +196,11 @@ def split_heldout(pairs: list, num_val: int, num_test: int, seed: int) -> dict[s
     order = list(range(len(pairs)))
     random.Random(seed).shuffle(order)
     shuffled = [pairs[i] for i in order]
-    return {"test": shuffled[:num_test], "val": shuffled[num_test:num_test + num_val],
-            "train": shuffled[num_test + num_val:]}
+    return {
+        "test": shuffled[:num_test],
+        "val": shuffled[num_test : num_test + num_val],
+        "train": shuffled[num_test + num_val :],
+    }
 
 
 def check_languages(data_cfg) -> None:
@@ -201,15 +214,21 @@ def check_languages(data_cfg) -> None:
             (names the corpus, its languages and where to set them).
     """
     langs, src, tgt = list(data_cfg.languages), data_cfg.src_lang, data_cfg.tgt_lang
-    fix = ("set src_lang/tgt_lang in params.yaml (`dvc exp run -S tgt_lang=...`) or "
-           "data.src_lang=/data.tgt_lang= on the command line")
+    fix = (
+        "set src_lang/tgt_lang in params.yaml (`dvc exp run -S tgt_lang=...`) or "
+        "data.src_lang=/data.tgt_lang= on the command line"
+    )
     for side, lang in (("src_lang", src), ("tgt_lang", tgt)):
         if lang not in langs:
-            raise CorpusError(f"data={data_cfg.name} has the languages {', '.join(langs)}; "
-                              f"{side}={lang} is not one of them: {fix}")
+            raise CorpusError(
+                f"data={data_cfg.name} has the languages {', '.join(langs)}; "
+                f"{side}={lang} is not one of them: {fix}"
+            )
     if src == tgt:
-        raise CorpusError(f"src_lang and tgt_lang are both {src}: choose two different "
-                          f"languages of data={data_cfg.name} ({', '.join(langs)}); {fix}")
+        raise CorpusError(
+            f"src_lang and tgt_lang are both {src}: choose two different "
+            f"languages of data={data_cfg.name} ({', '.join(langs)}); {fix}"
+        )
 
 
 def load_splits(data_cfg, raw_root: Path) -> dict[str, list[tuple[str, str]]]:
@@ -225,8 +244,10 @@ def load_splits(data_cfg, raw_root: Path) -> dict[str, list[tuple[str, str]]]:
     check_languages(data_cfg)
     raw_root = Path(raw_root)
     if data_cfg.name == "multi30k":
-        return {k: read_multi30k(raw_root / "multi30k", split, data_cfg.src_lang, data_cfg.tgt_lang)
-                for k, split in data_cfg.splits.items()}
+        return {
+            k: read_multi30k(raw_root / "multi30k", split, data_cfg.src_lang, data_cfg.tgt_lang)
+            for k, split in data_cfg.splits.items()
+        }
     if data_cfg.name == "fra_eng":
         pairs = read_fra_eng(raw_root / "fra-eng.zip", data_cfg.src_lang, data_cfg.tgt_lang)
         h = data_cfg.heldout

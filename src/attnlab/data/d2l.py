@@ -26,12 +26,13 @@ ids are a fixed permutation of D2L's (and the source vocabulary also holds
 names it in ``tokenize``); :class:`D2LTokenizer` answers the tokenizer interface of
 :class:`attnlab.data.tokenizer.SentencePieceTokenizer`, with fixed-length sources.
 """
+
 from __future__ import annotations
 
 import collections
 import json
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Sequence
 
 import numpy as np
 import torch
@@ -53,8 +54,9 @@ def preprocess(text: str) -> str:
     """
     text = text.replace("\u202f", " ").replace("\xa0", " ")
     lowered = text.lower()
-    return "".join(" " + c if i > 0 and c in ",.!?" and text[i - 1] != " " else c
-                   for i, c in enumerate(lowered))
+    return "".join(
+        " " + c if i > 0 and c in ",.!?" and text[i - 1] != " " else c for i, c in enumerate(lowered)
+    )
 
 
 def tokenize(text: str, max_examples: int | None = None) -> tuple[list[list[str]], list[list[str]]]:
@@ -92,8 +94,9 @@ class Vocab:
     ``vocab.to_tokens(ids)`` the tokens, ``len(vocab)`` the size.
     """
 
-    def __init__(self, sentences: Sequence[Sequence[str]] = (), min_freq: int = 2,
-                 tokens: Sequence[str] | None = None):
+    def __init__(
+        self, sentences: Sequence[Sequence[str]] = (), min_freq: int = 2, tokens: Sequence[str] | None = None
+    ):
         if tokens is None:
             counts = collections.Counter(t for s in sentences for t in s)
             words = sorted(t for t, n in counts.items() if n >= min_freq and t not in SPECIALS)
@@ -116,8 +119,9 @@ class Vocab:
         return [self.idx_to_token[int(i)] for i in ids]
 
 
-def build_arrays(src: list[list[str]], tgt: list[list[str]], num_steps: int,
-                 src_vocab: Vocab, tgt_vocab: Vocab) -> dict[str, torch.Tensor]:
+def build_arrays(
+    src: list[list[str]], tgt: list[list[str]], num_steps: int, src_vocab: Vocab, tgt_vocab: Vocab
+) -> dict[str, torch.Tensor]:
     """D2L's ``_build_arrays`` with given vocabularies: int64 tensors, N = len(src).
 
     Returns ``src`` (N, num_steps), ``src_valid_lens`` (N,) (non-<pad> source
@@ -128,12 +132,17 @@ def build_arrays(src: list[list[str]], tgt: list[list[str]], num_steps: int,
     tgt_rows = [tgt_vocab.ids(["<bos>", *pad_or_trim(t, num_steps)]) for t in tgt]
     src_t = torch.tensor(src_rows, dtype=torch.long).reshape(len(src), num_steps)
     tgt_t = torch.tensor(tgt_rows, dtype=torch.long).reshape(len(tgt), num_steps + 1)
-    return {"src": src_t, "src_valid_lens": (src_t != PAD_ID).sum(1),
-            "tgt_in": tgt_t[:, :-1], "tgt_out": tgt_t[:, 1:]}
+    return {
+        "src": src_t,
+        "src_valid_lens": (src_t != PAD_ID).sum(1),
+        "tgt_in": tgt_t[:, :-1],
+        "tgt_out": tgt_t[:, 1:],
+    }
 
 
-def build_vocabs(src: list[list[str]], tgt: list[list[str]], num_steps: int,
-                 min_freq: int) -> tuple[Vocab, Vocab]:
+def build_vocabs(
+    src: list[list[str]], tgt: list[list[str]], num_steps: int, min_freq: int
+) -> tuple[Vocab, Vocab]:
     """Source and target vocabularies counted on the padded (and, for targets, <bos>-prefixed) sequences."""
     src_vocab = Vocab([pad_or_trim(s, num_steps) for s in src], min_freq)
     tgt_vocab = Vocab([["<bos>", *pad_or_trim(t, num_steps)] for t in tgt], min_freq)
@@ -151,8 +160,9 @@ def read_fra_txt(zip_path: Path) -> str:
     return read_zip_text(zip_path, "fra-eng/fra.txt")
 
 
-def mt_fra_eng(raw_text: str, num_steps: int = 9, num_train: int = 512, num_val: int = 128,
-               min_freq: int = 2):
+def mt_fra_eng(
+    raw_text: str, num_steps: int = 9, num_train: int = 512, num_val: int = 128, min_freq: int = 2
+):
     """D2L's ``MTFraEng`` from the text of ``fra.txt``.
 
     Returns (train arrays, val arrays, tokenizer, (src tokens, tgt tokens)):
@@ -165,8 +175,10 @@ def mt_fra_eng(raw_text: str, num_steps: int = 9, num_train: int = 512, num_val:
     """
     src, tgt = tokenize(preprocess(raw_text), num_train + num_val)
     if len(src) <= num_train:
-        raise ValueError(f"fra.txt gave {len(src)} examples, need more than num_train={num_train}: "
-                         "lower data.num_train, or use D2L's full fra-eng.zip")
+        raise ValueError(
+            f"fra.txt gave {len(src)} examples, need more than num_train={num_train}: "
+            "lower data.num_train, or use D2L's full fra-eng.zip"
+        )
     src_vocab, tgt_vocab = build_vocabs(src, tgt, num_steps, min_freq)
     arrays = build_arrays(src, tgt, num_steps, src_vocab, tgt_vocab)
     train = {k: v[:num_train] for k, v in arrays.items()}
@@ -194,8 +206,10 @@ class D2LTokenizer:
     # --- source side
     def encode_sources(self, sentences: Sequence[str]) -> tuple[torch.Tensor, torch.Tensor]:
         """D2L's ``build`` for sources: (src (B, num_steps) int64, src_valid_lens (B,) int64)."""
-        rows = [self.src_vocab.ids(pad_or_trim(preprocess(s).split() + ["<eos>"], self.num_steps))
-                for s in sentences]
+        rows = [
+            self.src_vocab.ids(pad_or_trim(preprocess(s).split() + ["<eos>"], self.num_steps))
+            for s in sentences
+        ]
         src = torch.tensor(rows, dtype=torch.long).reshape(len(rows), self.num_steps)
         return src, (src != PAD_ID).sum(1)
 
@@ -222,12 +236,18 @@ class D2LTokenizer:
     # --- files
     def save(self, path: Path) -> Path:
         """Write both vocabularies and ``num_steps`` as JSON, atomically."""
-        return write_json_atomic(Path(path), {"format": self.kind, "num_steps": self.num_steps,
-                                              "src": self.src_vocab.idx_to_token,
-                                              "tgt": self.tgt_vocab.idx_to_token})
+        return write_json_atomic(
+            Path(path),
+            {
+                "format": self.kind,
+                "num_steps": self.num_steps,
+                "src": self.src_vocab.idx_to_token,
+                "tgt": self.tgt_vocab.idx_to_token,
+            },
+        )
 
     @classmethod
-    def load(cls, path: Path) -> "D2LTokenizer":
+    def load(cls, path: Path) -> D2LTokenizer:
         """Read a file written by :meth:`save`.
 
         Raises:
@@ -277,11 +297,14 @@ def tokenize_d2l(cfg, out: Path) -> TokenizeReport:
     zip_path = Path(cfg.paths.raw) / "fra-eng.zip"
     c = cfg.data
     if (c.src_lang, c.tgt_lang) != ("en", "fr"):
-        raise TokenizeError(f"data=fra_eng_d2l is D2L's English→French setup; got "
-                            f"{c.src_lang}→{c.tgt_lang} (drop the data.src_lang/data.tgt_lang overrides)")
+        raise TokenizeError(
+            f"data=fra_eng_d2l is D2L's English→French setup; got "
+            f"{c.src_lang}→{c.tgt_lang} (drop the data.src_lang/data.tgt_lang overrides)"
+        )
     try:
         train, val, tokenizer, (src, tgt) = mt_fra_eng(
-            read_fra_txt(zip_path), c.num_steps, c.num_train, c.num_val, c.min_freq)
+            read_fra_txt(zip_path), c.num_steps, c.num_train, c.num_val, c.min_freq
+        )
     except CorpusError:
         raise
     except ValueError as e:
@@ -290,12 +313,17 @@ def tokenize_d2l(cfg, out: Path) -> TokenizeReport:
         tokenizer.save(tmp / VOCAB_FILE)
         save_arrays(train, tmp / "train.npz")
         save_arrays(val, tmp / "val.npz")
-        write_lines_atomic(tmp / "val.src.txt", [" ".join(s[:-1]) for s in src[c.num_train:]])
-        write_lines_atomic(tmp / "val.tgt.txt", [" ".join(t[:-1]) for t in tgt[c.num_train:]])
-        write_json_atomic(tmp / "stats.json", {
-            "rule": "none: D2L's MTFraEng trims or pads every sequence to num_steps",
-            "splits": {"train": len(train["src"]), "val": len(val["src"])}})
+        write_lines_atomic(tmp / "val.src.txt", [" ".join(s[:-1]) for s in src[c.num_train :]])
+        write_lines_atomic(tmp / "val.tgt.txt", [" ".join(t[:-1]) for t in tgt[c.num_train :]])
+        write_json_atomic(
+            tmp / "stats.json",
+            {
+                "rule": "none: D2L's MTFraEng trims or pads every sequence to num_steps",
+                "splits": {"train": len(train["src"]), "val": len(val["src"])},
+            },
+        )
     return TokenizeReport(
         f"{c.name} {c.src_lang}-{c.tgt_lang}, D2L words",
         {"train": str(len(train["src"])), "val": str(len(val["src"]))},
-        f"{tokenizer.source_vocab_size()} source words, {tokenizer.get_piece_size()} target words")
+        f"{tokenizer.source_vocab_size()} source words, {tokenizer.get_piece_size()} target words",
+    )

@@ -1,4 +1,5 @@
 """LightningDataModule over the tokenize stage's output folder."""
+
 from __future__ import annotations
 
 from pathlib import Path
@@ -88,8 +89,15 @@ class TranslationDataModule(pl.LightningDataModule):
     vocabulary); ``src_vocab_size`` (separate source vocabulary, else ``None``).
     """
 
-    def __init__(self, tokenized_dir: str | Path, batch_size: int = 128, max_len: int = 100,
-                 seed: int = 0, num_workers: int = 0, max_tokens: int | None = None):
+    def __init__(
+        self,
+        tokenized_dir: str | Path,
+        batch_size: int = 128,
+        max_len: int = 100,
+        seed: int = 0,
+        num_workers: int = 0,
+        max_tokens: int | None = None,
+    ):
         super().__init__()
         self.max_tokens = max_tokens
         self.dir = Path(tokenized_dir)
@@ -124,8 +132,10 @@ class TranslationDataModule(pl.LightningDataModule):
         """
         ds = self.dataset(split)
         if n < 1 or len(ds) == 0:
-            raise ValueError(f"a fixed batch of {n} pairs from the {len(ds)} of split {split!r}: "
-                             "give n ≥ 1 and a split with pairs")
+            raise ValueError(
+                f"a fixed batch of {n} pairs from the {len(ds)} of split {split!r}: "
+                "give n ≥ 1 and a split with pairs"
+            )
         items = [ds[i] for i in range(min(n, len(ds)))]
         return default_collate(items) if self.fixed_length else collate(items)
 
@@ -141,20 +151,26 @@ class TranslationDataModule(pl.LightningDataModule):
             # One replica: a permutation drawn from seed + epoch (set_epoch), not from a generator
             # that a resumed run would restart, so a resumed epoch sees the uninterrupted order.
             sampler = DistributedSampler(ds, max(world, 1), rank, shuffle=shuffle, seed=self.seed)
-            return DataLoader(ds, batch_size=self.batch_size, sampler=sampler,
-                              num_workers=self.num_workers)
+            return DataLoader(ds, batch_size=self.batch_size, sampler=sampler, num_workers=self.num_workers)
         shard = {"num_replicas": world, "rank": rank}
         if split == "train" and self.max_tokens:
-            sampler = TokenBudgetBatchSampler(ds.lengths(), self.max_tokens, shuffle=shuffle,
-                                              seed=self.seed, **shard)
+            sampler = TokenBudgetBatchSampler(
+                ds.lengths(), self.max_tokens, shuffle=shuffle, seed=self.seed, **shard
+            )
         else:
-            sampler = BucketBatchSampler(ds.lengths(), self.batch_size, shuffle=shuffle,
-                                         seed=self.seed, **shard)
+            sampler = BucketBatchSampler(
+                ds.lengths(), self.batch_size, shuffle=shuffle, seed=self.seed, **shard
+            )
         loader = ResumableDataLoader if split == "train" else DataLoader
         # Its own generator: a DataLoader without one draws its base seed from torch's global
         # RNG each time it is iterated, which would shift the dropout masks of a resumed run.
-        return loader(ds, batch_sampler=sampler, collate_fn=collate, num_workers=self.num_workers,
-                      generator=torch.Generator().manual_seed(self.seed))
+        return loader(
+            ds,
+            batch_sampler=sampler,
+            collate_fn=collate,
+            num_workers=self.num_workers,
+            generator=torch.Generator().manual_seed(self.seed),
+        )
 
     def train_dataloader(self):
         """The training loader, its sampler set to the epoch the attached Trainer runs next.

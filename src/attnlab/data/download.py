@@ -9,6 +9,7 @@ already exists with a known digest is not fetched again; one that does not
 match (e.g. a truncated archive from an interrupted copy) is fetched again and
 replaced only once the new copy verifies.
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -51,15 +52,18 @@ def _open_source(relpath: str, url: str, mirror: str | None):
     if mirror:
         src = Path(mirror) / relpath
         if not src.exists():
-            raise DownloadError(f"{src} not found in the mirror {MIRROR_ENV}={mirror}; "
-                                "the mirror must be laid out like ../shared/data")
+            raise DownloadError(
+                f"{src} not found in the mirror {MIRROR_ENV}={mirror}; "
+                "the mirror must be laid out like ../shared/data"
+            )
         return open(src, "rb"), str(src)
     try:
         return urllib.request.urlopen(url, timeout=60), url
     except (urllib.error.URLError, OSError) as e:
         raise DownloadError(
             f"cannot fetch {url} ({e}); offline? set {MIRROR_ENV} to a folder holding "
-            f"{relpath} (e.g. {MIRROR_ENV}=../shared/data)") from None
+            f"{relpath} (e.g. {MIRROR_ENV}=../shared/data)"
+        ) from None
 
 
 def _copy(stream, out, what: str) -> None:
@@ -68,8 +72,10 @@ def _copy(stream, out, what: str) -> None:
         try:
             chunk = stream.read(1 << 20)
         except (OSError, http.client.HTTPException) as e:  # connection reset, IncompleteRead, …
-            raise DownloadError(f"{what} was cut short ({type(e).__name__}: {e}); nothing was "
-                                "written: re-run `dvc repro download`") from None
+            raise DownloadError(
+                f"{what} was cut short ({type(e).__name__}: {e}); nothing was "
+                "written: re-run `dvc repro download`"
+            ) from None
         if not chunk:
             return
         out.write(chunk)
@@ -78,12 +84,14 @@ def _copy(stream, out, what: str) -> None:
 class Fetched(NamedTuple):
     """What :func:`fetch` did: the verified file, and whether it was written now
     (``False``: a verified copy was there already and was kept)."""
+
     path: Path
     downloaded: bool
 
 
-def fetch(relpath: str, url: str, digests: dict[str, list[str]], dest_root: Path,
-          mirror: str | None = None) -> Fetched:
+def fetch(
+    relpath: str, url: str, digests: dict[str, list[str]], dest_root: Path, mirror: str | None = None
+) -> Fetched:
     """Make ``dest_root/relpath`` a verified copy of the source.
 
     Args:
@@ -115,12 +123,16 @@ def fetch(relpath: str, url: str, digests: dict[str, list[str]], dest_root: Path
         ok, digest = verified(Path(tmp), digests)
         if not ok:
             size = Path(tmp).stat().st_size
-            persists = (f"replace the mirror's copy {origin} with a fresh one from {url}" if mirror
-                        else f"{url} may now serve another version: check it")
+            persists = (
+                f"replace the mirror's copy {origin} with a fresh one from {url}"
+                if mirror
+                else f"{url} may now serve another version: check it"
+            )
             raise DownloadError(
                 f"checksum mismatch for {relpath} from {origin}: got sha256 {digest} ({size} bytes), "
                 f"expected one of {dict(digests)}; the file was discarded. A truncated or corrupt "
-                f"copy gives this: re-run `dvc repro download`; if it persists, {persists}")
+                f"copy gives this: re-run `dvc repro download`; if it persists, {persists}"
+            )
         os.replace(tmp, dest)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)

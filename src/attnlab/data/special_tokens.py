@@ -5,6 +5,7 @@ word vocabularies (:mod:`attnlab.data.d2l`) put ``<pad> <unk> <bos> <eos>`` at t
 distinct and non-negative (sentencepiece's default pad id is -1, which
 ``nn.Embedding(padding_idx=-1)`` would read as the last row).
 """
+
 from __future__ import annotations
 
 PAD_ID, UNK_ID, BOS_ID, EOS_ID = 0, 1, 2, 3

@@ -20,6 +20,7 @@ tokens (``data.max_len``, the same bound as
 as :class:`SentencePieceTokenizer` (:func:`load_sentencepiece`), which answers the same
 tokenizer interface as D2L's word vocabularies (:class:`attnlab.data.d2l.D2LTokenizer`).
 """
+
 from __future__ import annotations
 
 import io
@@ -32,8 +33,14 @@ import sentencepiece as spm
 
 from attnlab.data.corpora import TokenizeError, TokenizeReport, load_splits
 from attnlab.data.special_tokens import BOS_ID, EOS_ID, PAD_ID, UNK_ID
-from attnlab.files import (staged_dir, write_bytes_atomic, write_json_atomic, write_lines_atomic,
-                           write_npz_atomic, write_text_atomic)
+from attnlab.files import (
+    staged_dir,
+    write_bytes_atomic,
+    write_json_atomic,
+    write_lines_atomic,
+    write_npz_atomic,
+    write_text_atomic,
+)
 
 # sentencepiece's RuntimeError texts for a vocabulary size the corpus cannot give.
 _TOO_HIGH = re.compile(r"Vocabulary size too high \((\d+)\)\. Please set it to a value <= (\d+)")
@@ -51,19 +58,26 @@ def _vocab_size_error(e: RuntimeError, vocab_size: int) -> VocabSizeError | None
         return VocabSizeError(
             f"data.vocab_size={vocab_size} is too large for this training corpus: sentencepiece "
             f"can make at most {most} pieces from it; set data.vocab_size={most} (or less), "
-            "or train on a larger corpus")
+            "or train on a larger corpus"
+        )
     if m := _TOO_LOW.search(str(e)):
         least = int(m.group(2))
         return VocabSizeError(
             f"data.vocab_size={vocab_size} is too small for this training corpus: its characters "
-            f"and the 4 special pieces alone need {least}; set data.vocab_size={least} (or more)")
+            f"and the 4 special pieces alone need {least}; set data.vocab_size={least} (or more)"
+        )
     return None
 
 
-def train_sentencepiece(sentences: list[str], model_prefix: Path, vocab_size: int,
-                        model_type: str = "bpe", character_coverage: float = 1.0,
-                        seed_sentencepiece_size: int = 1_000_000,
-                        hard_vocab_limit: bool = False) -> SentencePieceTokenizer:
+def train_sentencepiece(
+    sentences: list[str],
+    model_prefix: Path,
+    vocab_size: int,
+    model_type: str = "bpe",
+    character_coverage: float = 1.0,
+    seed_sentencepiece_size: int = 1_000_000,
+    hard_vocab_limit: bool = False,
+) -> SentencePieceTokenizer:
     """Train a sentencepiece model on ``sentences``; writes ``<prefix>.model`` and ``.vocab``.
 
     ``vocab_size`` is an upper bound (``hard_vocab_limit=False``): a corpus
@@ -87,11 +101,20 @@ def train_sentencepiece(sentences: list[str], model_prefix: Path, vocab_size: in
     model = io.BytesIO()
     try:
         spm.SentencePieceTrainer.train(
-            sentence_iterator=iter(sentences), model_writer=model,
-            vocab_size=vocab_size, model_type=model_type, character_coverage=character_coverage,
-            pad_id=PAD_ID, unk_id=UNK_ID, bos_id=BOS_ID, eos_id=EOS_ID,
-            hard_vocab_limit=hard_vocab_limit, seed_sentencepiece_size=seed_sentencepiece_size,
-            num_threads=os.cpu_count() or 1, minloglevel=2)
+            sentence_iterator=iter(sentences),
+            model_writer=model,
+            vocab_size=vocab_size,
+            model_type=model_type,
+            character_coverage=character_coverage,
+            pad_id=PAD_ID,
+            unk_id=UNK_ID,
+            bos_id=BOS_ID,
+            eos_id=EOS_ID,
+            hard_vocab_limit=hard_vocab_limit,
+            seed_sentencepiece_size=seed_sentencepiece_size,
+            num_threads=os.cpu_count() or 1,
+            minloglevel=2,
+        )
     except RuntimeError as e:
         if (err := _vocab_size_error(e, vocab_size)) is not None:
             raise err from None
@@ -101,8 +124,10 @@ def train_sentencepiece(sentences: list[str], model_prefix: Path, vocab_size: in
     proto = sentencepiece_model_pb2.ModelProto.FromString(model.getvalue())
     proto.trainer_spec.ClearField("num_threads")  # this machine's cores: the pieces do not depend on it
     model_prefix = Path(model_prefix)
-    write_text_atomic(model_prefix.with_name(model_prefix.name + ".vocab"), "".join(
-        f"{p.piece}\t{p.score:g}\n" for p in proto.pieces))
+    write_text_atomic(
+        model_prefix.with_name(model_prefix.name + ".vocab"),
+        "".join(f"{p.piece}\t{p.score:g}\n" for p in proto.pieces),
+    )
     path = write_bytes_atomic(model_prefix.with_name(model_prefix.name + ".model"), proto.SerializeToString())
     return load_sentencepiece(path)
 
@@ -161,8 +186,10 @@ def load_sentencepiece(path) -> SentencePieceTokenizer:
     sp = SentencePieceTokenizer(model_file=str(path))
     ids = (sp.pad_id(), sp.unk_id(), sp.bos_id(), sp.eos_id())
     if ids != (PAD_ID, UNK_ID, BOS_ID, EOS_ID):
-        raise ValueError(f"{path}: special ids (pad, unk, bos, eos) = {ids}, expected "
-                         f"{(PAD_ID, UNK_ID, BOS_ID, EOS_ID)}; retrain with src/tokenize_data.py")
+        raise ValueError(
+            f"{path}: special ids (pad, unk, bos, eos) = {ids}, expected "
+            f"{(PAD_ID, UNK_ID, BOS_ID, EOS_ID)}; retrain with src/tokenize_data.py"
+        )
     return sp
 
 
@@ -183,8 +210,10 @@ def load_tokenizer(tokenized_dir: Path):
         return D2LTokenizer.load(d / "vocab.json")
     if (d / "spm.model").exists():
         return load_sentencepiece(d / "spm.model")
-    raise FileNotFoundError(f"no tokenizer (spm.model or vocab.json) in {d}; run "
-                            "`python src/tokenize_data.py` (or `dvc repro tokenize`) with the same data= option")
+    raise FileNotFoundError(
+        f"no tokenizer (spm.model or vocab.json) in {d}; run "
+        "`python src/tokenize_data.py` (or `dvc repro tokenize`) with the same data= option"
+    )
 
 
 def _pack(seqs: list[list[int]]) -> tuple[np.ndarray, np.ndarray]:
@@ -194,15 +223,17 @@ def _pack(seqs: list[list[int]]) -> tuple[np.ndarray, np.ndarray]:
     return ids, offsets
 
 
-def encode_pairs(sp: spm.SentencePieceProcessor,
-                 pairs: list[tuple[str, str]]) -> tuple[list[list[int]], list[list[int]]]:
+def encode_pairs(
+    sp: spm.SentencePieceProcessor, pairs: list[tuple[str, str]]
+) -> tuple[list[list[int]], list[list[int]]]:
     """(source id lists, target id lists) of (source, target) text pairs, no bos/eos."""
     src, tgt = zip(*pairs) if pairs else ((), ())
     return sp.encode(list(src)), sp.encode(list(tgt))
 
 
-def filter_pairs(src: list[list[int]], tgt: list[list[int]],
-                 max_len: int) -> tuple[list[int], dict[str, int]]:
+def filter_pairs(
+    src: list[list[int]], tgt: list[list[int]], max_len: int
+) -> tuple[list[int], dict[str, int]]:
     """The tokenize stage's rule for training pairs: which to keep, and why the others went.
 
     A pair is dropped when either side has no tokens, i.e. its line was empty
@@ -249,28 +280,38 @@ def load_split(path: Path) -> tuple[list[np.ndarray], list[np.ndarray]]:
     """
     path = Path(path)
     if not path.exists():
-        raise FileNotFoundError(f"{path} not found; run `python src/tokenize_data.py` "
-                                "(or `dvc repro tokenize`) with the same data= option first")
+        raise FileNotFoundError(
+            f"{path} not found; run `python src/tokenize_data.py` "
+            "(or `dvc repro tokenize`) with the same data= option first"
+        )
     z = np.load(path)
+
     def unpack(ids, off):
-        return [ids[off[i]:off[i + 1]] for i in range(len(off) - 1)]
+        return [ids[off[i] : off[i + 1]] for i in range(len(off) - 1)]
+
     return unpack(z["src_ids"], z["src_offsets"]), unpack(z["tgt_ids"], z["tgt_offsets"])
 
 
 # What stats.json says of the filtering rule.
-FILTER_RULE = ("training pairs with an empty side (after normalization) or with max_len or more "
-               "sentencepiece tokens on a side are dropped; val and test keep every pair")
+FILTER_RULE = (
+    "training pairs with an empty side (after normalization) or with max_len or more "
+    "sentencepiece tokens on a side are dropped; val and test keep every pair"
+)
 
 
 def _empty_train_fix(cfg) -> str:
     """What to change when the training split has no usable pair."""
     c = cfg.data
     if c.name == "multi30k":
-        return (f"Check {cfg.paths.raw}/multi30k/{c.splits.train}.{{{c.src_lang},{c.tgt_lang}}}.gz "
-                "(delete them and re-run `dvc repro download`) and data.splits.train")
-    return (f"Check {cfg.paths.raw}/fra-eng.zip (delete it and re-run `dvc repro download`) and "
-            f"data.heldout (num_val={c.heldout.num_val} + num_test={c.heldout.num_test} pairs "
-            "are held out before training gets any)")
+        return (
+            f"Check {cfg.paths.raw}/multi30k/{c.splits.train}.{{{c.src_lang},{c.tgt_lang}}}.gz "
+            "(delete them and re-run `dvc repro download`) and data.splits.train"
+        )
+    return (
+        f"Check {cfg.paths.raw}/fra-eng.zip (delete it and re-run `dvc repro download`) and "
+        f"data.heldout (num_val={c.heldout.num_val} + num_test={c.heldout.num_test} pairs "
+        "are held out before training gets any)"
+    )
 
 
 def tokenize_sentencepiece(cfg, out: Path) -> TokenizeReport:
@@ -296,14 +337,16 @@ def tokenize_sentencepiece(cfg, out: Path) -> TokenizeReport:
     """
     c = cfg.data
     if c.max_len < 2:
-        raise TokenizeError(f"data.max_len={c.max_len} would drop every pair; "
-                            "set data.max_len=2 or more (a token plus <eos>)")
+        raise TokenizeError(
+            f"data.max_len={c.max_len} would drop every pair; set data.max_len=2 or more (a token plus <eos>)"
+        )
     splits = load_splits(c, Path(cfg.paths.raw))
     usable = [(s, t) for s, t in splits["train"] if s and t]
     if not usable:  # checked before anything is written
-        raise TokenizeError(f"the training split is empty: {len(splits['train'])} pairs "
-                            "read, none with text on both sides; nothing was written. "
-                            + _empty_train_fix(cfg))
+        raise TokenizeError(
+            f"the training split is empty: {len(splits['train'])} pairs "
+            "read, none with text on both sides; nothing was written. " + _empty_train_fix(cfg)
+        )
     stats = {"rule": FILTER_RULE, "max_len": c.max_len, "splits": {}}
     lines = []
     with staged_dir(out) as tmp:
@@ -319,25 +362,38 @@ def tokenize_sentencepiece(cfg, out: Path) -> TokenizeReport:
                 if not keep:
                     raise TokenizeError(
                         f"every training pair has data.max_len={c.max_len} or more "
-                        f"tokens on a side ({counts}); nothing was written. Raise data.max_len")
+                        f"tokens on a side ({counts}); nothing was written. Raise data.max_len"
+                    )
                 src, tgt = [src[i] for i in keep], [tgt[i] for i in keep]
-                lines.append(f"{name}: {counts['kept']} pairs kept of {counts['pairs']} (dropped "
-                             f"{counts['empty']} with an empty side, {counts['too_long']} with "
-                             f"≥ {c.max_len} tokens on a side)")
+                lines.append(
+                    f"{name}: {counts['kept']} pairs kept of {counts['pairs']} (dropped "
+                    f"{counts['empty']} with an empty side, {counts['too_long']} with "
+                    f"≥ {c.max_len} tokens on a side)"
+                )
             else:  # aligned with the references: keep all, report what training would drop
                 counts["kept"] = counts["pairs"]
                 write_lines_atomic(tmp / f"{name}.src.txt", [s for s, _ in pairs])
                 write_lines_atomic(tmp / f"{name}.tgt.txt", [t for _, t in pairs])
-                lines.append(f"{name}: {counts['pairs']} pairs, all kept ({counts['empty']} with an "
-                             f"empty side, {counts['too_long']} with ≥ {c.max_len} tokens on a side)")
+                lines.append(
+                    f"{name}: {counts['pairs']} pairs, all kept ({counts['empty']} with an "
+                    f"empty side, {counts['too_long']} with ≥ {c.max_len} tokens on a side)"
+                )
             write_split(tmp / f"{name}.npz", src, tgt)
             stats["splits"][name] = counts
         write_json_atomic(tmp / "stats.json", stats)
     note = ""
     if sp.get_piece_size() < c.vocab_size:
-        note = (f" (data.vocab_size={c.vocab_size} is more than this corpus gives; "
-                f"sentencepiece stopped at {sp.get_piece_size()})")
-    kept = {name: str(n["kept"]) + (f" of {n['pairs']}" if n["kept"] != n["pairs"] else "")
-            for name, n in stats["splits"].items()}
-    return TokenizeReport(f"{c.name} {c.src_lang}-{c.tgt_lang}, sentencepiece", kept,
-                          f"{sp.get_piece_size()} pieces{note}", lines)
+        note = (
+            f" (data.vocab_size={c.vocab_size} is more than this corpus gives; "
+            f"sentencepiece stopped at {sp.get_piece_size()})"
+        )
+    kept = {
+        name: str(n["kept"]) + (f" of {n['pairs']}" if n["kept"] != n["pairs"] else "")
+        for name, n in stats["splits"].items()
+    }
+    return TokenizeReport(
+        f"{c.name} {c.src_lang}-{c.tgt_lang}, sentencepiece",
+        kept,
+        f"{sp.get_piece_size()} pieces{note}",
+        lines,
+    )

@@ -1,82 +1,40 @@
 """Export attnlab's Transformer to CTranslate2, and translate with the exported model.
 
-:func:`export_ctranslate2` fills CTranslate2's Python spec API
-(``ctranslate2.specs.TransformerSpec`` built from a ``TransformerEncoderSpec`` and a
-``TransformerDecoderSpec``, the layout CTranslate2's own converters fill, e.g.
-``python/ctranslate2/converters/opennmt_py.py``) with the weights of
-:class:`attnlab.models.transformer.Transformer` (Vaswani et al. 2017, "Attention Is All You
-Need"; D2L 11.7), then ``validate()``, ``optimize(quantization=...)`` and ``save()`` into a
-folder that replaces ``out_dir`` atomically (:func:`attnlab.files.staged_dir`).
-:class:`CTranslate2Translator` loads that folder with ``ctranslate2.Translator`` and decodes
-the way :func:`attnlab.decoding.translate` does: the same per-sentence length cap, no
-penalty or constraint that attnlab does not have, ids out with the specials stripped.
+:func:`export_ctranslate2` fills CTranslate2's spec API (``ctranslate2.specs.TransformerSpec``
+from a ``TransformerEncoderSpec`` and a ``TransformerDecoderSpec``, as CTranslate2's own
+converters do) with the weights of :class:`attnlab.models.transformer.Transformer`, then
+``validate()``, ``optimize(quantization=...)`` and ``save()`` into a folder that replaces
+``out_dir`` atomically (:func:`attnlab.files.staged_dir`). The folder also holds ``spm.model``
+and ``attnlab.json`` (sizes, the position table's length, the quantization).
+:class:`CTranslate2Translator` loads it with ``ctranslate2.Translator`` and decodes as
+:func:`attnlab.inference.decoding.translate` does (the same length cap, no other penalty).
 
-How the model maps onto the spec (the spec field: its value, and why):
+Each spec field and why it takes its value (post-norm, the stacked attention projections,
+D2L's interleaved sinusoid table carried as is, tied embeddings, the vocabulary) is explained
+in the documentation: Explanation, "The Transformer in CTranslate2".
 
-- ``pre_norm=False`` on both stacks: attnlab's blocks are post-norm, every sublayer is
-  ``AddNorm`` = LayerNorm(X + Sublayer(X)) (dropout is off at inference). CTranslate2's
-  post-norm path adds the residual to the sublayer output and then applies the sublayer's
-  ``layer_norm``, the same function. With ``pre_norm=False`` the spec has no final layer
-  norm after either stack (CTranslate2 creates one only for pre-norm), and attnlab has none.
-- ``layer_norm`` of each sublayer: encoder ``self_attention.layer_norm`` = ``addnorm1``,
-  ``ffn.layer_norm`` = ``addnorm2``; decoder ``self_attention`` / ``attention`` (cross) /
-  ``ffn`` layer norms = ``addnorm1`` / ``addnorm2`` / ``addnorm3``. The model config's
-  ``layer_norm_epsilon`` is the torch modules' eps (1e-5, ``nn.LayerNorm``'s default).
-- ``activation=RELU``, ``ffn.linear_0`` / ``linear_1`` = ``PositionWiseFFN.dense1`` /
-  ``dense2`` with their biases.
-- attention: the self-attention's ``linear[0]`` is W_q, W_k, W_v stacked row-wise
-  (3·d_model, d_model), ``linear[1]`` is W_o; the cross attention's ``linear[0]`` is W_q,
-  ``linear[1]`` W_k and W_v stacked, ``linear[2]`` W_o. Heads split the d_model columns into
-  H consecutive blocks in both. attnlab's ``MultiHeadAttention`` defaults to ``bias=False``
-  (the Transformer uses that default): the spec's biases then stay unset (they are
-  optional); a model built with biases exports them. A head mask
-  (:meth:`~attnlab.models.attention.MultiHeadAttention.set_head_mask`) multiplies each head's
-  output before W_o, so it is baked into W_o's columns. Hard (arg-max) attention has no
-  CTranslate2 counterpart (ValueError). CTranslate2 scales queries by 1/√d_head as
-  attnlab's scaled dot product does.
-- ``scale_embeddings=True``: CTranslate2 multiplies the embeddings by √(embedding size) =
-  √d_model before adding the positions, as ``Transformer._embed`` does.
-- ``position_encodings.encodings`` = attnlab's own table ``pos_encoding.P[0]``
-  (max_len, d_model): D2L 11.6.3's sinusoids with sin in the even and cos in the odd
-  columns, interleaved. CTranslate2's built-in sinusoids put all sines first, then all
-  cosines, so they are not used. Position t of the source and of the decoder input
-  (<bos> at 0) gets row t, as in attnlab.
-- embeddings and output layer: ``encoder.embeddings[0]`` = ``src_embedding``,
-  ``decoder.embeddings`` = ``tgt_embedding``, ``decoder.projection`` = ``output`` (no bias:
-  attnlab's output layer has none, so the spec's optional bias stays unset). With
-  ``tie_embeddings=True`` the three are one matrix in torch; the spec gets the same values
-  three times and ``optimize`` stores it once (the other two become aliases).
-- vocabulary: the sentencepiece model's pieces in id order, registered as source and target
-  vocabulary (saved once, ``shared_vocabulary.json``); PAD 0, UNK 1, BOS 2, EOS 3
-  (:mod:`attnlab.data.special_tokens`) are the pieces ``<pad> <unk> <s> </s>``. The config's
-  ``unk_token``, ``bos_token``, ``eos_token`` and ``decoder_start_token`` (= BOS: attnlab's
-  decoder starts from <bos>) are those pieces; ``add_source_eos=True`` appends </s> to every
-  source as :meth:`~attnlab.data.tokenizer.SentencePieceTokenizer.encode_sources` does, so a
-  plain CTranslate2 user passes the sentencepiece pieces alone.
+Sources: CTranslate2's spec API (``ctranslate2.specs``; ``converters/opennmt_py.py``,
+``converters/fairseq.py``, ``src/decoding.cc``); Vaswani et al. 2017, 3.1-3.5; Wu et al.
+2016, eq. 14 (GNMT length penalty).
 
-The folder also holds ``spm.model`` (the tokenizer) and ``attnlab.json`` (what was exported:
-sizes, the position table's length, the quantization).
-
-Sources: CTranslate2's spec API (``ctranslate2.specs``; ``converters/opennmt_py.py`` and
-``converters/fairseq.py`` for how converters fill it; the decoding loop ``src/decoding.cc``
-for the length and penalty semantics), Vaswani et al. 2017 (sections 3.1-3.5), Wu et al.
-2016 (GNMT length penalty, eq. 14).
+Raises (at export): ValueError for a model CTranslate2 cannot represent (hard attention).
 """
+
 from __future__ import annotations
 
 import json
 import shutil
 from collections import defaultdict
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Sequence
 
 import numpy as np
 import torch
 from torch import nn
 
 from attnlab.data.special_tokens import BOS_ID, EOS_ID, UNK_ID
-from attnlab.decoding import decodable, max_output_len, strip_special
 from attnlab.files import staged_dir
+from attnlab.inference.decoding import decodable, max_output_len, strip_special
 from attnlab.models.transformer import Transformer
 
 FORMAT_VERSION = 1
@@ -90,6 +48,7 @@ VOCABULARY_FILE = "shared_vocabulary.json"
 
 
 # --- export -----------------------------------------------------------------------------
+
 
 def _array(t: torch.Tensor) -> np.ndarray:
     """A float32 C-contiguous copy of ``t`` (never a view of the live parameter: int8
@@ -135,8 +94,10 @@ def _set_attention(spec, attention, self_attention: bool) -> None:
     Cross attention: ``linear[0]`` = W_q, ``linear[1]`` = [W_k; W_v] (2·d, d), ``linear[2]`` = W_o.
     """
     if attention.hard:
-        raise ValueError("this Transformer uses hard (arg-max) attention, which CTranslate2 "
-                         "cannot run (its attention is softmax only); keep it on torch")
+        raise ValueError(
+            "this Transformer uses hard (arg-max) attention, which CTranslate2 "
+            "cannot run (its attention is softmax only); keep it on torch"
+        )
     q, k, v, o = attention.W_q, attention.W_k, attention.W_v, attention.W_o
     if self_attention:
         _set_linear(spec.linear[0], _stack(q.weight, k.weight, v.weight), _stack(q.bias, k.bias, v.bias))
@@ -156,8 +117,10 @@ def _layer_norm_eps(net: Transformer) -> float:
     """The one epsilon of all the net's layer norms. Raises ValueError if they differ."""
     eps = {m.eps for m in net.modules() if isinstance(m, nn.LayerNorm)}
     if len(eps) != 1:
-        raise ValueError(f"the net's layer norms use several epsilons {sorted(eps)}; "
-                         "CTranslate2 has one layer_norm_epsilon per model")
+        raise ValueError(
+            f"the net's layer norms use several epsilons {sorted(eps)}; "
+            "CTranslate2 has one layer_norm_epsilon per model"
+        )
     return float(eps.pop())
 
 
@@ -168,12 +131,16 @@ def _check_net(net) -> None:
     from attnlab.models.bahdanau import Bahdanau
 
     if isinstance(net, Bahdanau):
-        raise TypeError("CTranslate2 cannot run attnlab's Bahdanau model: it has no GRU "
-                        "encoder-decoder with additive attention (its sequence-to-sequence "
-                        "model is the Transformer). Bahdanau stays on torch: export it with "
-                        "attnlab.export.trace.export_translation")
-    raise TypeError(f"export_ctranslate2 exports attnlab.models.transformer.Transformer, "
-                    f"got {type(net).__module__}.{type(net).__name__}")
+        raise TypeError(
+            "CTranslate2 cannot run attnlab's Bahdanau model: it has no GRU "
+            "encoder-decoder with additive attention (its sequence-to-sequence "
+            "model is the Transformer). Bahdanau stays on torch: export it with "
+            "attnlab.export.trace.export_translation"
+        )
+    raise TypeError(
+        f"export_ctranslate2 exports attnlab.models.transformer.Transformer, "
+        f"got {type(net).__module__}.{type(net).__name__}"
+    )
 
 
 def _vocabulary(tokenizer_path: Path, net: Transformer) -> list[str]:
@@ -182,15 +149,19 @@ def _vocabulary(tokenizer_path: Path, net: Transformer) -> list[str]:
 
     sp = load_sentencepiece(tokenizer_path)
     pieces = [sp.id_to_piece(i) for i in range(sp.get_piece_size())]
-    sizes = {"source embedding": net.src_embedding.num_embeddings,
-             "target embedding": net.tgt_embedding.num_embeddings,
-             "output layer": net.output.out_features}
+    sizes = {
+        "source embedding": net.src_embedding.num_embeddings,
+        "target embedding": net.tgt_embedding.num_embeddings,
+        "output layer": net.output.out_features,
+    }
     wrong = {k: v for k, v in sizes.items() if v != len(pieces)}
     if wrong:
-        raise ValueError(f"{tokenizer_path} has {len(pieces)} pieces but the net's "
-                         + ", ".join(f"{k} has {v}" for k, v in wrong.items())
-                         + ": CTranslate2 needs the joint sentencepiece vocabulary the net was "
-                         "trained with (a separate source vocabulary cannot be exported)")
+        raise ValueError(
+            f"{tokenizer_path} has {len(pieces)} pieces but the net's "
+            + ", ".join(f"{k} has {v}" for k, v in wrong.items())
+            + ": CTranslate2 needs the joint sentencepiece vocabulary the net was "
+            "trained with (a separate source vocabulary cannot be exported)"
+        )
     if len(set(pieces)) != len(pieces):
         raise ValueError(f"{tokenizer_path} has duplicate pieces; CTranslate2 maps tokens by text")
     return pieces
@@ -207,8 +178,10 @@ def build_spec(net: Transformer, pieces: Sequence[str]):
 
     heads = {a.num_heads for kind in net.attention_layers().values() for a in kind}
     if len(heads) != 1:
-        raise ValueError(f"attention layers with different head counts {sorted(heads)}; "
-                         "a CTranslate2 stack has one num_heads")
+        raise ValueError(
+            f"attention layers with different head counts {sorted(heads)}; "
+            "a CTranslate2 stack has one num_heads"
+        )
     num_heads = heads.pop()
     stack = dict(num_heads=num_heads, pre_norm=False, activation=common_spec.Activation.RELU)
     encoder = transformer_spec.TransformerEncoderSpec(len(net.encoder_blocks), **stack)
@@ -253,8 +226,9 @@ def supports(net: nn.Module) -> bool:
     return isinstance(net, Transformer)
 
 
-def export_ctranslate2(net: nn.Module, tokenizer_path: Path, out_dir: Path,
-                       quantization: str = "float32") -> Path:
+def export_ctranslate2(
+    net: nn.Module, tokenizer_path: Path, out_dir: Path, quantization: str = "float32"
+) -> Path:
     """Convert attnlab's Transformer into a CTranslate2 model folder (the spec API).
 
     The folder, which replaces ``out_dir`` atomically (:func:`attnlab.files.staged_dir`),
@@ -285,20 +259,27 @@ def export_ctranslate2(net: nn.Module, tokenizer_path: Path, out_dir: Path,
     """
     _check_net(net)
     if quantization not in QUANTIZATIONS:
-        raise ValueError(f"quantization={quantization!r} is not supported; use one of "
-                         f"{', '.join(repr(q) for q in QUANTIZATIONS)}")
+        raise ValueError(
+            f"quantization={quantization!r} is not supported; use one of "
+            f"{', '.join(repr(q) for q in QUANTIZATIONS)}"
+        )
     tokenizer_path = Path(tokenizer_path)
     pieces = _vocabulary(tokenizer_path, net)
     spec = build_spec(net, pieces)
     spec.validate()
     spec.optimize(quantization=quantization)
-    metadata = {"format_version": FORMAT_VERSION, "model": "transformer",
-                "quantization": quantization, "vocab_size": len(pieces),
-                "d_model": net.d_model, "num_layers": len(net.encoder_blocks),
-                "num_heads": net.encoder_blocks[0].attention.num_heads,
-                "ffn_hidden": net.encoder_blocks[0].ffn.dense1.out_features,
-                "tie_embeddings": net.src_embedding.weight is net.output.weight,
-                "max_positions": int(net.pos_encoding.P.shape[1])}
+    metadata = {
+        "format_version": FORMAT_VERSION,
+        "model": "transformer",
+        "quantization": quantization,
+        "vocab_size": len(pieces),
+        "d_model": net.d_model,
+        "num_layers": len(net.encoder_blocks),
+        "num_heads": net.encoder_blocks[0].attention.num_heads,
+        "ffn_hidden": net.encoder_blocks[0].ffn.dense1.out_features,
+        "tie_embeddings": net.src_embedding.weight is net.output.weight,
+        "max_positions": int(net.pos_encoding.P.shape[1]),
+    }
     out_dir = Path(out_dir)
     with staged_dir(out_dir) as tmp:
         spec.save(str(tmp))
@@ -308,6 +289,7 @@ def export_ctranslate2(net: nn.Module, tokenizer_path: Path, out_dir: Path,
 
 
 # --- runtime ----------------------------------------------------------------------------
+
 
 def ctranslate2_length_penalty(alpha: float, src_len: int) -> float:
     """CTranslate2's ``length_penalty`` for attnlab's GNMT α, at a source of ``src_len`` tokens.
@@ -332,7 +314,7 @@ def _read_vocabulary(model_dir: Path) -> list[str]:
 
 class CTranslate2Translator:
     """Translate with a CTranslate2 folder written by :func:`export_ctranslate2`, returning
-    ids as :func:`attnlab.decoding.translate` does (one list per sentence, input order,
+    ids as :func:`attnlab.inference.decoding.translate` does (one list per sentence, input order,
     specials stripped): with ``beam_size=1`` the same greedy ids (up to arg-max near ties
     under a different float summation order); beam search differs (below).
 
@@ -346,9 +328,9 @@ class CTranslate2Translator:
     after 1024 tokens; the source length is checked against the position table instead),
     ``return_end_token=True`` (so the length in the length penalty counts the </s> as
     attnlab's does; the </s> and anything after it are then stripped here, with
-    <pad>/<bos>, by :func:`attnlab.decoding.strip_special`).
+    <pad>/<bos>, by :func:`attnlab.inference.decoding.strip_special`).
 
-    Length cap, per sentence: :func:`attnlab.decoding.max_output_len` of its source length
+    Length cap, per sentence: :func:`attnlab.inference.decoding.max_output_len` of its source length
     (with </s>), min(⌊1.5·n + 10⌋, 256), counting the output </s>. CTranslate2 counts the
     same way: its ``max_decoding_length`` is the number of decoding steps, the step that
     emits </s> included (``src/decoding.cc``: a hypothesis is finished at ``step + 1 ==
@@ -358,7 +340,7 @@ class CTranslate2Translator:
     it; beam search runs one call per source length (the cap and the α mapping are
     functions of it).
 
-    Beam search differs from attnlab's :func:`attnlab.decoding.beam_search` (equal results
+    Beam search differs from attnlab's :func:`attnlab.inference.decoding.beam_search` (equal results
     are not guaranteed, even at α = 0):
 
     - length normalization: CTranslate2 divides log P(Y) by |Y|^lp, attnlab by GNMT's
@@ -395,16 +377,25 @@ class CTranslate2Translator:
             error for an unsupported ``compute_type``.
     """
 
-    def __init__(self, model_dir: Path, tokenizer=None, compute_type: str = "default",
-                 inter_threads: int = 1, intra_threads: int = 0, device: str = "cpu"):
+    def __init__(
+        self,
+        model_dir: Path,
+        tokenizer=None,
+        compute_type: str = "default",
+        inter_threads: int = 1,
+        intra_threads: int = 0,
+        device: str = "cpu",
+    ):
         import ctranslate2
 
         from attnlab.data.tokenizer import load_sentencepiece
 
         self.model_dir = Path(model_dir)
         if not (self.model_dir / "model.bin").is_file():
-            raise FileNotFoundError(f"{self.model_dir} holds no CTranslate2 model (model.bin); "
-                                    "write one with attnlab.export.ctranslate2.export_ctranslate2")
+            raise FileNotFoundError(
+                f"{self.model_dir} holds no CTranslate2 model (model.bin); "
+                "write one with attnlab.export.ctranslate2.export_ctranslate2"
+            )
         if tokenizer is None:
             tokenizer = self.model_dir / TOKENIZER_FILE
         if isinstance(tokenizer, (str, Path)):
@@ -412,36 +403,62 @@ class CTranslate2Translator:
         self.tokenizer = tokenizer
         self.pieces: list[str] = _read_vocabulary(self.model_dir)
         if [tokenizer.id_to_piece(i) for i in range(tokenizer.get_piece_size())] != self.pieces:
-            raise ValueError(f"the tokenizer's {tokenizer.get_piece_size()} pieces are not the "
-                             f"vocabulary of {self.model_dir} ({len(self.pieces)} pieces): use "
-                             "the sentencepiece model the folder was exported with")
+            raise ValueError(
+                f"the tokenizer's {tokenizer.get_piece_size()} pieces are not the "
+                f"vocabulary of {self.model_dir} ({len(self.pieces)} pieces): use "
+                "the sentencepiece model the folder was exported with"
+            )
         self.ids = {p: i for i, p in enumerate(self.pieces)}
         meta_path = self.model_dir / METADATA
         self.metadata = json.loads(meta_path.read_text(encoding="utf-8")) if meta_path.is_file() else {}
         self.max_positions: int | None = self.metadata.get("max_positions")
-        self.translator = ctranslate2.Translator(str(self.model_dir), device=device,
-                                                 compute_type=compute_type,
-                                                 inter_threads=inter_threads,
-                                                 intra_threads=intra_threads)
+        self.translator = ctranslate2.Translator(
+            str(self.model_dir),
+            device=device,
+            compute_type=compute_type,
+            inter_threads=inter_threads,
+            intra_threads=intra_threads,
+        )
         self.compute_type = self.translator.compute_type
 
     def _options(self, beam_size: int, max_batch_size: int, patience: float) -> dict:
         """translate_batch options common to every call: everything attnlab does not do is off."""
-        return dict(max_batch_size=max_batch_size, beam_size=beam_size, patience=patience,
-                    num_hypotheses=1, coverage_penalty=0.0, repetition_penalty=1.0,
-                    no_repeat_ngram_size=0, disable_unk=False, suppress_sequences=None,
-                    return_end_token=True, prefix_bias_beta=0.0, max_input_length=0,
-                    min_decoding_length=0, use_vmap=False, return_scores=False,
-                    return_attention=False, return_alternatives=False, sampling_topk=1,
-                    sampling_topp=1.0, sampling_temperature=1.0, replace_unknowns=False)
+        return dict(
+            max_batch_size=max_batch_size,
+            beam_size=beam_size,
+            patience=patience,
+            num_hypotheses=1,
+            coverage_penalty=0.0,
+            repetition_penalty=1.0,
+            no_repeat_ngram_size=0,
+            disable_unk=False,
+            suppress_sequences=None,
+            return_end_token=True,
+            prefix_bias_beta=0.0,
+            max_input_length=0,
+            min_decoding_length=0,
+            use_vmap=False,
+            return_scores=False,
+            return_attention=False,
+            return_alternatives=False,
+            sampling_topk=1,
+            sampling_topp=1.0,
+            sampling_temperature=1.0,
+            replace_unknowns=False,
+        )
 
     def _ids_of(self, tokens: Sequence[str], cap: int) -> list[int]:
         """A hypothesis's pieces → ids cut to ``cap`` tokens, then specials stripped."""
         return strip_special([self.ids[t] for t in tokens[:cap]])
 
-    def translate_ids(self, sources: Sequence[Sequence[int]], beam_size: int = 1,
-                      alpha: float = 0.0, batch_size: int = 128,
-                      patience: float = DEFAULT_PATIENCE) -> list[list[int]]:
+    def translate_ids(
+        self,
+        sources: Sequence[Sequence[int]],
+        beam_size: int = 1,
+        alpha: float = 0.0,
+        batch_size: int = 128,
+        patience: float = DEFAULT_PATIENCE,
+    ) -> list[list[int]]:
         """Decode source id lists; one output id list per source, input order.
 
         Args:
@@ -459,17 +476,18 @@ class CTranslate2Translator:
                 attnlab's, which searches until all its beams have finished.
         Returns:
             list of lists of int: generated ids without <bos>, <pad>, </s> and anything
-            after the </s>, each at most the sentence's :func:`~attnlab.decoding.max_output_len`.
+            after the </s>, each at most the sentence's :func:`~attnlab.inference.decoding.max_output_len`.
         Raises:
             ValueError: beam_size < 1, alpha < 0, batch_size < 1, patience ≤ 0, an id outside the
                 vocabulary, or a source (with </s>) longer than the position table, which
                 attnlab's PositionalEncoding refuses too.
         """
-        if (int(beam_size) != beam_size or beam_size < 1 or alpha < 0 or batch_size < 1
-                or not patience > 0):
-            raise ValueError(f"need integers beam_size ≥ 1, batch_size ≥ 1, alpha ≥ 0 and "
-                             f"patience > 0; got beam_size={beam_size}, alpha={alpha}, "
-                             f"batch_size={batch_size}, patience={patience}")
+        if int(beam_size) != beam_size or beam_size < 1 or alpha < 0 or batch_size < 1 or not patience > 0:
+            raise ValueError(
+                f"need integers beam_size ≥ 1, batch_size ≥ 1, alpha ≥ 0 and "
+                f"patience > 0; got beam_size={beam_size}, alpha={alpha}, "
+                f"batch_size={batch_size}, patience={patience}"
+            )
         beam_size = int(beam_size)
         V = len(self.pieces)
         out: list[list[int]] = [[] for _ in sources]
@@ -482,8 +500,10 @@ class CTranslate2Translator:
             if bad:
                 raise ValueError(f"source {i} has ids {bad[:5]} outside the vocabulary [0, {V})")
             if self.max_positions is not None and len(ids) + 1 > self.max_positions:
-                raise ValueError(f"source {i} has {len(ids) + 1} tokens with </s>, more than the "
-                                 f"model's {self.max_positions} positions")
+                raise ValueError(
+                    f"source {i} has {len(ids) + 1} tokens with </s>, more than the "
+                    f"model's {self.max_positions} positions"
+                )
             todo.append((i, [self.pieces[t] for t in ids], len(ids) + 1))
         if not todo:
             return out
@@ -491,8 +511,8 @@ class CTranslate2Translator:
         if beam_size == 1:
             caps = [max_output_len(n) for _, _, n in todo]
             results = self.translator.translate_batch(
-                [p for _, p, _ in todo], max_decoding_length=max(caps), length_penalty=0.0,
-                **options)
+                [p for _, p, _ in todo], max_decoding_length=max(caps), length_penalty=0.0, **options
+            )
             for (i, _, _), cap, res in zip(todo, caps, results):
                 out[i] = self._ids_of(res.hypotheses[0], cap)
             return out
@@ -502,18 +522,27 @@ class CTranslate2Translator:
         for n, group in sorted(groups.items()):
             cap = max_output_len(n)
             results = self.translator.translate_batch(
-                [p for _, p in group], max_decoding_length=cap,
-                length_penalty=ctranslate2_length_penalty(alpha, n), **options)
+                [p for _, p in group],
+                max_decoding_length=cap,
+                length_penalty=ctranslate2_length_penalty(alpha, n),
+                **options,
+            )
             for (i, _), res in zip(group, results):
                 out[i] = self._ids_of(res.hypotheses[0], cap)
         return out
 
-    def translate(self, sentences: Sequence[str], beam_size: int = 1, alpha: float = 0.0,
-                  batch_size: int = 128, patience: float = DEFAULT_PATIENCE) -> list[list[int]]:
+    def translate(
+        self,
+        sentences: Sequence[str],
+        beam_size: int = 1,
+        alpha: float = 0.0,
+        batch_size: int = 128,
+        patience: float = DEFAULT_PATIENCE,
+    ) -> list[list[int]]:
         """Sentences in, generated ids out (specials stripped), input order — the contract of
-        :func:`attnlab.decoding.translate`, and its skip rule (:func:`attnlab.decoding.decodable`):
-        a sentence without text or without tokens gets ``[]``. Shapes, options and errors:
-        :meth:`translate_ids`."""
+        :func:`attnlab.inference.decoding.translate`, and its skip rule
+        (:func:`attnlab.inference.decoding.decodable`): a sentence without text or without tokens
+        gets ``[]``. Shapes, options and errors: :meth:`translate_ids`."""
         sources: list[list[int]] = [[] for _ in sentences]
         if len(sentences):
             src, valid = self.tokenizer.encode_sources(list(sentences))
@@ -521,8 +550,16 @@ class CTranslate2Translator:
                 sources[i] = src[i, : int(valid[i]) - 1].tolist()  # without the </s> the model appends
         return self.translate_ids(sources, beam_size, alpha, batch_size, patience)
 
-    def translate_text(self, sentences: Sequence[str], beam_size: int = 1, alpha: float = 0.0,
-                       batch_size: int = 128, patience: float = DEFAULT_PATIENCE) -> list[str]:
+    def translate_text(
+        self,
+        sentences: Sequence[str],
+        beam_size: int = 1,
+        alpha: float = 0.0,
+        batch_size: int = 128,
+        patience: float = DEFAULT_PATIENCE,
+    ) -> list[str]:
         """:meth:`translate`, detokenized with the tokenizer: one string per sentence."""
-        return [self.tokenizer.decode(ids) for ids in
-                self.translate(sentences, beam_size, alpha, batch_size, patience)]
+        return [
+            self.tokenizer.decode(ids)
+            for ids in self.translate(sentences, beam_size, alpha, batch_size, patience)
+        ]

@@ -5,7 +5,7 @@ build of the step, and loading them back.
 dynamic and saves it as a ``.pt2`` file (``torch.export.save``); :func:`load_program` loads it
 with torch alone (``torch.export.load(...).module()``). Which dimension of which tensor follows
 which size is read off two example calls (:data:`EXAMPLE_SIZES`), so the same code serves any
-state layout a model's ``init_state``/``step`` define (:mod:`attnlab.decoding`).
+state layout a model's ``init_state``/``step`` define (:mod:`attnlab.inference.decoding`).
 
 :func:`compile_program` builds an exported program with AOTInductor
 (``torch._inductor.aoti_compile_and_package``, PyTorch's ahead-of-time compiler for
@@ -18,12 +18,14 @@ machine of this project has, not for the widest vectors of the machine that expo
 Sources: PyTorch documentation, "torch.export" (dynamic shapes, ``Dim``) and "AOTInductor:
 Ahead-Of-Time Compilation for Torch.Export-ed Models".
 """
+
 from __future__ import annotations
 
+import logging
 import platform
 import warnings
+from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Callable, Sequence
 
 import torch
 from torch import nn
@@ -55,7 +57,8 @@ def _dims(a: torch.Tensor, b: torch.Tensor, where: str, dims: dict, max_len: int
         if name is None:
             raise ExportShapeError(
                 f"dimension {i} of {where} is {na} in one example and {nb} in the other, which "
-                f"follows none of {EXAMPLE_SIZES}: build the examples with these sizes")
+                f"follows none of {EXAMPLE_SIZES}: build the examples with these sizes"
+            )
         top = MAX_SIZE if name == "batch" else min(MAX_SIZE, max_len)
         out[i] = dims.setdefault(name, torch.export.Dim(name, min=MIN_SIZES[name], max=top))
     return out
@@ -74,8 +77,9 @@ def dynamic_shapes(example_a: Sequence, example_b: Sequence, max_len: int = MAX_
     spec = []
     for j, (a, b) in enumerate(zip(example_a, example_b)):
         if isinstance(a, (tuple, list)):
-            spec.append(tuple(_dims(x, y, f"argument {j}[{k}]", dims, max_len)
-                              for k, (x, y) in enumerate(zip(a, b))))
+            spec.append(
+                tuple(_dims(x, y, f"argument {j}[{k}]", dims, max_len) for k, (x, y) in enumerate(zip(a, b)))
+            )
         else:
             spec.append(_dims(a, b, f"argument {j}", dims, max_len))
     return tuple(spec)
@@ -87,8 +91,9 @@ def call_args(example: Sequence) -> tuple:
     return tuple(x for item in example for x in (item if isinstance(item, (tuple, list)) else (item,)))
 
 
-def export_program(module: nn.Module, example_a: Sequence, example_b: Sequence,
-                   path: Path, max_len: int = MAX_SIZE) -> torch.export.ExportedProgram:
+def export_program(
+    module: nn.Module, example_a: Sequence, example_b: Sequence, path: Path, max_len: int = MAX_SIZE
+) -> torch.export.ExportedProgram:
     """Export ``module`` called on ``example_a`` (:func:`call_args`) with the dynamic
     dimensions that :func:`dynamic_shapes` reads off the two examples, save it to ``path``
     (``.pt2``) and return it.
@@ -101,10 +106,12 @@ def export_program(module: nn.Module, example_a: Sequence, example_b: Sequence,
     with torch.no_grad(), warnings.catch_warnings():
         # attnlab's attention layers keep their last weights as a plain attribute (for heatmaps);
         # torch.export says so once per layer, and the programs never read them back.
-        warnings.filterwarnings("ignore", message=r"The tensor attributes .* were assigned during export",
-                                category=UserWarning)
-        program = torch.export.export(module, call_args(example_a),
-                                      dynamic_shapes=dynamic_shapes(example_a, example_b, max_len))
+        warnings.filterwarnings(
+            "ignore", message=r"The tensor attributes .* were assigned during export", category=UserWarning
+        )
+        program = torch.export.export(
+            module, call_args(example_a), dynamic_shapes=dynamic_shapes(example_a, example_b, max_len)
+        )
     torch.export.save(program, str(path))
     return program
 
@@ -130,19 +137,47 @@ def compile_program(program: torch.export.ExportedProgram, path: Path) -> Path:
             errors.
     """
     if not can_compile():
-        raise RuntimeError("AOTInductor builds here target AVX2 on x86-64; this machine is "
-                           f"{platform.machine()} without it")
+        raise RuntimeError(
+            f"AOTInductor builds here target AVX2 on x86-64; this machine is {platform.machine()} without it"
+        )
     import torch._inductor
 
     with torch._inductor.config.patch({"cpp.simdlen": 256}):  # AVX2, not this CPU's widest
         return Path(torch._inductor.aoti_compile_and_package(program, package_path=str(path)))
 
 
+class ExpectedIsaMismatch(logging.Filter):
+    """Drops torch's "Device information mismatch for AOTI_CPU_ISA: <this CPU's> vs AVX2"
+    warning, which every load on a CPU wider than AVX2 printed: the package is built for
+    :data:`COMPILED_ISA` on purpose, and :func:`can_compile` has checked that this CPU runs it.
+    Any other mismatch torch reports still shows."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        args = record.args if isinstance(record.args, tuple) else ()
+        expected = (
+            str(record.msg).startswith("Device information mismatch")
+            and len(args) == 3
+            and args[0] == "AOTI_CPU_ISA"
+            and str(args[2]).lower() == COMPILED_ISA
+        )
+        return not expected
+
+
+AOTI_LOGGER = "torch.export.pt2_archive._package"  # where torch logs the mismatch
+
+
 def load_compiled(path: Path) -> Callable | None:
     """The AOTInductor package at ``path`` as a callable, or None where this CPU cannot run
-    it (not x86-64 with AVX2); the caller then uses the portable program."""
+    it (not x86-64 with AVX2); the caller then uses the portable program. torch's warning
+    that this CPU's ISA is wider than the package's is expected and not shown
+    (:class:`ExpectedIsaMismatch`)."""
     if not can_compile():
         return None
     import torch._inductor
 
-    return torch._inductor.aoti_load_package(str(path))
+    logger, quiet = logging.getLogger(AOTI_LOGGER), ExpectedIsaMismatch()
+    logger.addFilter(quiet)
+    try:
+        return torch._inductor.aoti_load_package(str(path))
+    finally:
+        logger.removeFilter(quiet)

@@ -2,36 +2,48 @@
 
 A translation export folder ``models/<model>/`` holds
 ``init_state.pt2`` and ``step.pt2`` (``torch.export`` programs of the model's decoding
-interface, see :mod:`attnlab.decoding`, with dynamic batch, source, target and cache sizes:
+interface, see :mod:`attnlab.inference.decoding`, with dynamic batch, source, target and cache sizes:
 :mod:`attnlab.export.program`), optionally ``step.aoti.pt2`` (the step built with
 AOTInductor), ``attention.pt2`` (the cross attention of a translation, for alignments:
 :data:`CROSS_ATTENTION`), ``ctranslate2/<quantization>/`` (a Transformer's CTranslate2 models),
 ``spm.model`` and ``config.json`` (:func:`export_translation`);
-:mod:`attnlab.export.translator` loads it with torch and sentencepiece alone. A model that
+:mod:`attnlab.serving.translator` loads it with torch and sentencepiece alone. A model that
 ``torch.export`` cannot export with a dynamic source length (Bahdanau's GRU encoder) gets
 TorchScript traces (``.pt``) instead, and ``config.json`` → ``runtime.why_torchscript`` says why.
 NW exports ``model.pt`` mapping x (Q,) float32 → ŷ (Q,), with its training
 points baked in (:func:`export_regression`).
 """
+
 from __future__ import annotations
 
 import json
 import shutil
 import warnings
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Sequence
 
 import torch
 from torch import nn
 
 from attnlab.data.special_tokens import PAD_ID
 from attnlab.export import ctranslate2 as ct2
-from attnlab.export.program import (COMPILED_ISA, EXAMPLE_SIZES, MAX_SIZE, call_args,
-                                    can_compile, compile_program, export_program)
-from attnlab.export.translator import (CTRANSLATE2_ENGINES, DEFAULT_MAX_INPUT_CHARS,
-                                       DEFAULT_MAX_REQUEST_CHARS, DEFAULT_MAX_REQUEST_SENTENCES,
-                                       DEFAULT_MAX_REQUEST_TOKENS)
+from attnlab.export.program import (
+    COMPILED_ISA,
+    EXAMPLE_SIZES,
+    MAX_SIZE,
+    call_args,
+    can_compile,
+    compile_program,
+    export_program,
+)
 from attnlab.files import staged_dir
+from attnlab.serving.translator import (
+    CTRANSLATE2_ENGINES,
+    DEFAULT_MAX_INPUT_CHARS,
+    DEFAULT_MAX_REQUEST_CHARS,
+    DEFAULT_MAX_REQUEST_SENTENCES,
+    DEFAULT_MAX_REQUEST_TOKENS,
+)
 
 FORMAT_VERSION = 1
 
@@ -123,13 +135,19 @@ def _examples(net: nn.Module, vocab_size: int) -> list[dict]:
         state = net.init_state(src, valid)
         for c in range(C):
             state = net.step(ys[:, : c + 1], *state)[1:]
-        examples.append({"init_state": (src, valid), "step": (ys, tuple(state)),
-                         "attention": (src, valid, torch.randint(4, vocab_size, (B, T), generator=g))})
+        examples.append(
+            {
+                "init_state": (src, valid),
+                "step": (ys, tuple(state)),
+                "attention": (src, valid, torch.randint(4, vocab_size, (B, T), generator=g)),
+            }
+        )
     return examples
 
 
-def _save_programs(net: nn.Module, vocab_size: int, cross_mode: str, folder: Path,
-                   compile_step: bool) -> dict:
+def _save_programs(
+    net: nn.Module, vocab_size: int, cross_mode: str, folder: Path, compile_step: bool
+) -> dict:
     """Write init_state, step and attention as ``torch.export`` programs (``.pt2``) and, with
     ``compile_step``, the step's AOTInductor build; a model ``torch.export`` cannot export
     (Bahdanau: ``aten::gru`` is unrolled over the example's length, so the source length
@@ -139,22 +157,33 @@ def _save_programs(net: nn.Module, vocab_size: int, cross_mode: str, folder: Pat
     a, b = _examples(net, vocab_size)
     table = _max_source_tokens(net)  # lengths the model can take, or None: no limit
     max_len = MAX_SIZE if table is None else table + 1
-    wrappers = {"init_state": _InitState(net), "step": _Step(net),
-                "attention": CROSS_ATTENTION_WRAPPERS[cross_mode](net)}
-    args = {"init_state": "init_state", "step": "step",  # which example each function takes
-            "attention": "attention" if cross_mode == "teacher_forced" else "step"}
+    wrappers = {
+        "init_state": _InitState(net),
+        "step": _Step(net),
+        "attention": CROSS_ATTENTION_WRAPPERS[cross_mode](net),
+    }
+    args = {
+        "init_state": "init_state",
+        "step": "step",  # which example each function takes
+        "attention": "attention" if cross_mode == "teacher_forced" else "step",
+    }
     try:
-        programs = {name: export_program(module, a[args[name]], b[args[name]],
-                                         folder / f"{name}.pt2", max_len)
-                    for name, module in wrappers.items()}
+        programs = {
+            name: export_program(module, a[args[name]], b[args[name]], folder / f"{name}.pt2", max_len)
+            for name, module in wrappers.items()
+        }
     except Exception as e:  # noqa: BLE001 - whatever stops torch.export, the model keeps working
         for stale in folder.glob("*.pt2"):
             stale.unlink()
         for name, module in wrappers.items():
             _trace(module, call_args(a[args[name]])).save(str(folder / f"{name}.pt"))
         why = f"{type(e).__name__}: {(str(e).strip().splitlines() or [''])[0]}"
-        return {"format": "torchscript", "files": {n: f"{n}.pt" for n in wrappers},
-                "compiled": {}, "why_torchscript": f"torch.export: {why}"}
+        return {
+            "format": "torchscript",
+            "files": {n: f"{n}.pt" for n in wrappers},
+            "compiled": {},
+            "why_torchscript": f"torch.export: {why}",
+        }
     runtime = {"format": "torch.export", "files": {n: f"{n}.pt2" for n in wrappers}, "compiled": {}}
     if compile_step and can_compile():
         compile_program(programs["step"], folder / "step.aoti.pt2")
@@ -168,12 +197,18 @@ def _max_source_tokens(net: nn.Module) -> int | None:
     return None if table is None else int(table.shape[1]) - 1
 
 
-def export_translation(net: nn.Module, tokenizer_path: Path, out_dir: Path, config: dict,
-                       max_input_chars: int = DEFAULT_MAX_INPUT_CHARS,
-                       max_request_sentences: int = DEFAULT_MAX_REQUEST_SENTENCES,
-                       max_request_chars: int = DEFAULT_MAX_REQUEST_CHARS,
-                       max_request_tokens: int = DEFAULT_MAX_REQUEST_TOKENS,
-                       ctranslate2: Sequence[str] = (), compile: bool = False) -> Path:
+def export_translation(
+    net: nn.Module,
+    tokenizer_path: Path,
+    out_dir: Path,
+    config: dict,
+    max_input_chars: int = DEFAULT_MAX_INPUT_CHARS,
+    max_request_sentences: int = DEFAULT_MAX_REQUEST_SENTENCES,
+    max_request_chars: int = DEFAULT_MAX_REQUEST_CHARS,
+    max_request_tokens: int = DEFAULT_MAX_REQUEST_TOKENS,
+    ctranslate2: Sequence[str] = (),
+    compile: bool = False,
+) -> Path:
     """Export ``net`` (a Transformer or Bahdanau in eval mode) and write the export folder.
 
     ``config.json`` holds ``config`` plus ``format_version``, ``task``, ``runtime`` (the
@@ -181,19 +216,19 @@ def export_translation(net: nn.Module, tokenizer_path: Path, out_dir: Path, conf
     ``cross_attention = {kind, mode, layers, heads}`` (how the attention function is called:
     :data:`CROSS_ATTENTION`) and ``serving = {max_input_chars, max_input_tokens, max_request_sentences,
     max_request_chars, max_request_tokens}``: the longest source
-    :class:`~attnlab.export.translator.Translator`
+    :class:`~attnlab.serving.translator.Translator`
     accepts, in characters, and in sentencepiece tokens (the Transformer's positional
     table − 1 for <eos>; null for the GRU, which has none); and the most one request
     to the served model may hold
-    (:meth:`attnlab.export.translator.Translator.check_request`).
+    (:meth:`attnlab.serving.translator.Translator.check_request`).
 
     Args:
-        net: model with ``init_state``/``step`` (see :mod:`attnlab.decoding`).
+        net: model with ``init_state``/``step`` (see :mod:`attnlab.inference.decoding`).
         tokenizer_path: its ``spm.model``.
         out_dir: target folder, replaced atomically.
         config: JSON-serializable facts stored as ``config.json`` (model name, sizes,
             optionally ``decoding = {beam_size, alpha}``, the settings
-            :class:`~attnlab.export.translator.Translator` uses).
+            :class:`~attnlab.serving.translator.Translator` uses).
         max_input_chars: input limit per sentence in characters, ≥ 1.
         max_request_sentences, max_request_chars, max_request_tokens: limits per request
             of the served model: sentences, characters and sentencepiece tokens of all its
@@ -202,7 +237,7 @@ def export_translation(net: nn.Module, tokenizer_path: Path, out_dir: Path, conf
             beside the traces, ``ctranslate2/<quantization>/``
             (:func:`attnlab.export.ctranslate2.export_ctranslate2`), for a Transformer; a net
             CTranslate2 cannot run (Bahdanau) gets none. ``config.json`` → ``engines`` lists
-            what the folder holds (:data:`attnlab.export.translator.ENGINES`).
+            what the folder holds (:data:`attnlab.serving.translator.ENGINES`).
         compile: also build the step with AOTInductor (``step.aoti.pt2``, about a minute;
             :func:`attnlab.export.program.compile_program`), which the runtime prefers where
             the CPU can run it. Only for a model ``torch.export`` exports.
@@ -214,23 +249,34 @@ def export_translation(net: nn.Module, tokenizer_path: Path, out_dir: Path, conf
     """
     from attnlab.data.tokenizer import load_sentencepiece
 
-    limits = {"max_input_chars": max_input_chars, "max_request_sentences": max_request_sentences,
-              "max_request_chars": max_request_chars, "max_request_tokens": max_request_tokens}
+    limits = {
+        "max_input_chars": max_input_chars,
+        "max_request_sentences": max_request_sentences,
+        "max_request_chars": max_request_chars,
+        "max_request_tokens": max_request_tokens,
+    }
     for key, value in limits.items():
         if int(value) < 1:
             raise ValueError(f"serving.{key} must be ≥ 1, got {value}")
     if max_request_chars < max_input_chars:
-        raise ValueError(f"serving.max_request_chars ({max_request_chars}) is below "
-                         f"serving.max_input_chars ({max_input_chars}): a sentence of "
-                         f"{max_input_chars} characters would fit no request. Raise "
-                         "max_request_chars or lower max_input_chars")
+        raise ValueError(
+            f"serving.max_request_chars ({max_request_chars}) is below "
+            f"serving.max_input_chars ({max_input_chars}): a sentence of "
+            f"{max_input_chars} characters would fit no request. Raise "
+            "max_request_chars or lower max_input_chars"
+        )
     max_input_tokens = _max_source_tokens(net)
-    one_sentence, which = ((max_input_tokens, "max_input_tokens") if max_input_tokens is not None
-                           else (max_input_chars + 1, "max_input_chars + 1"))
+    one_sentence, which = (
+        (max_input_tokens, "max_input_tokens")
+        if max_input_tokens is not None
+        else (max_input_chars + 1, "max_input_chars + 1")
+    )
     if max_request_tokens < one_sentence:
-        raise ValueError(f"serving.max_request_tokens ({max_request_tokens}) is below the "
-                         f"{one_sentence} tokens one sentence may have ({which}): such a "
-                         "sentence would fit no request. Raise max_request_tokens")
+        raise ValueError(
+            f"serving.max_request_tokens ({max_request_tokens}) is below the "
+            f"{one_sentence} tokens one sentence may have ({which}): such a "
+            "sentence would fit no request. Raise max_request_tokens"
+        )
 
     net = net.eval().cpu()
     sp = load_sentencepiece(tokenizer_path)
@@ -243,16 +289,24 @@ def export_translation(net: nn.Module, tokenizer_path: Path, out_dir: Path, conf
         engines = ["torch"]
         if ctranslate2 and ct2.supports(net):
             for quantization in ctranslate2:
-                ct2.export_ctranslate2(net, tokenizer_path, tmp / "ctranslate2" / quantization,
-                                       quantization)
+                ct2.export_ctranslate2(net, tokenizer_path, tmp / "ctranslate2" / quantization, quantization)
                 engines.append(CTRANSLATE2_ENGINES[quantization])
         shutil.copy(tokenizer_path, tmp / "spm.model")
         serving = {**{k: int(v) for k, v in limits.items()}, "max_input_tokens": max_input_tokens}
-        (tmp / "config.json").write_text(json.dumps(
-            {"format_version": FORMAT_VERSION, "task": "translation", **config,
-             "runtime": runtime, "cross_attention": cross, "engines": engines,
-             "serving": serving},
-            indent=2))
+        (tmp / "config.json").write_text(
+            json.dumps(
+                {
+                    "format_version": FORMAT_VERSION,
+                    "task": "translation",
+                    **config,
+                    "runtime": runtime,
+                    "cross_attention": cross,
+                    "engines": engines,
+                    "serving": serving,
+                },
+                indent=2,
+            )
+        )
     return out_dir
 
 
@@ -261,22 +315,30 @@ def _cross_attention(net: nn.Module, src, valid, ys) -> dict:
     maps = net.attention_maps(src, valid, ys)
     kinds = [kind for kind in CROSS_ATTENTION if kind in maps]
     if len(kinds) != 1:
-        raise ValueError(f"{type(net).__name__}.attention_maps returns {sorted(maps)}: expected "
-                         f"exactly one cross-attention kind of {sorted(CROSS_ATTENTION)}")
+        raise ValueError(
+            f"{type(net).__name__}.attention_maps returns {sorted(maps)}: expected "
+            f"exactly one cross-attention kind of {sorted(CROSS_ATTENTION)}"
+        )
     kind = kinds[0]
     layers = maps[kind]
-    return {"kind": kind, "mode": CROSS_ATTENTION[kind], "layers": len(layers),
-            "heads": int(layers[0].shape[1])}
+    return {
+        "kind": kind,
+        "mode": CROSS_ATTENTION[kind],
+        "layers": len(layers),
+        "heads": int(layers[0].shape[1]),
+    }
 
 
-def export_regression(net: nn.Module, x_train: torch.Tensor, y_train: torch.Tensor,
-                      out_dir: Path, config: dict) -> Path:
+def export_regression(
+    net: nn.Module, x_train: torch.Tensor, y_train: torch.Tensor, out_dir: Path, config: dict
+) -> Path:
     """Trace a NW model with its training points as keys/values into ``out_dir/model.pt``."""
     out_dir = Path(out_dir)
     predictor = _NWPredictor(net.eval(), x_train, y_train)
     with staged_dir(out_dir) as tmp:
         with torch.no_grad():
             _trace(predictor, (x_train[:3].clone(),)).save(str(tmp / "model.pt"))
-        (tmp / "config.json").write_text(json.dumps(
-            {"format_version": FORMAT_VERSION, "task": "regression", **config}, indent=2))
+        (tmp / "config.json").write_text(
+            json.dumps({"format_version": FORMAT_VERSION, "task": "regression", **config}, indent=2)
+        )
     return out_dir

@@ -6,6 +6,7 @@ does the same offline. Here the snapshots are kept in memory (on the CPU) and in
 every checkpoint Lightning writes, so a killed and resumed run averages the same
 epochs as an uninterrupted one.
 """
+
 from __future__ import annotations
 
 import pytorch_lightning as pl
@@ -75,8 +76,10 @@ class WeightAveraging(pl.Callback):
             RuntimeError: no epoch has ended yet (nothing to average).
         """
         if not self.snapshots:
-            raise RuntimeError("no epoch ended, so there are no weights to average; train at least "
-                               "one full epoch or set checkpoint.average_last=0")
+            raise RuntimeError(
+                "no epoch ended, so there are no weights to average; train at least "
+                "one full epoch or set checkpoint.average_last=0"
+            )
         snaps = [self.snapshots[epoch] for epoch in sorted(self.snapshots)]
         out = {}
         for key, value in snaps[-1].items():

@@ -6,6 +6,7 @@ the final weights) and, while training, ``last.ckpt`` (every epoch and every
 ``checkpoint.every_n_train_steps`` steps) that a killed run resumes from
 (:mod:`attnlab.lit.resume`). The settings are ``conf/config.yaml``'s ``checkpoint`` block.
 """
+
 from __future__ import annotations
 
 import logging
@@ -36,22 +37,39 @@ class TrainingCheckpoints:
     def __init__(self, settings, folder: str | Path):
         self.folder, self.filename = Path(folder), settings.filename
         if settings.filename == LAST:
-            raise ValueError(f"checkpoint.filename={LAST} is reserved for the resume checkpoint; "
-                             "choose another name, e.g. checkpoint.filename=final")
+            raise ValueError(
+                f"checkpoint.filename={LAST} is reserved for the resume checkpoint; "
+                "choose another name, e.g. checkpoint.filename=final"
+            )
         if settings.average_last < 0:
-            raise ValueError(f"checkpoint.average_last={settings.average_last}: give the number of last "
-                             "epochs to average (≥ 1), or 0 to keep the best checkpoint by monitor")
+            raise ValueError(
+                f"checkpoint.average_last={settings.average_last}: give the number of last "
+                "epochs to average (≥ 1), or 0 to keep the best checkpoint by monitor"
+            )
         d = str(self.folder)
         # The best by monitor; none without a monitor or when averaging (finish() saves those).
         self.kept = None
         if settings.monitor and not settings.average_last:
-            self.kept = ResumableCheckpoint(dirpath=d, filename=settings.filename, monitor=settings.monitor,
-                                            mode=settings.mode, save_top_k=1, enable_version_counter=False)
-        self.resume = [ResumableCheckpoint(dirpath=d, filename=LAST, every_n_epochs=1,
-                                           enable_version_counter=False)]
+            self.kept = ResumableCheckpoint(
+                dirpath=d,
+                filename=settings.filename,
+                monitor=settings.monitor,
+                mode=settings.mode,
+                save_top_k=1,
+                enable_version_counter=False,
+            )
+        self.resume = [
+            ResumableCheckpoint(dirpath=d, filename=LAST, every_n_epochs=1, enable_version_counter=False)
+        ]
         if settings.every_n_train_steps:
-            self.resume.append(ResumableCheckpoint(dirpath=d, filename=LAST, enable_version_counter=False,
-                                                   every_n_train_steps=settings.every_n_train_steps))
+            self.resume.append(
+                ResumableCheckpoint(
+                    dirpath=d,
+                    filename=LAST,
+                    enable_version_counter=False,
+                    every_n_train_steps=settings.every_n_train_steps,
+                )
+            )
         self.averaging = WeightAveraging(settings.average_last) if settings.average_last else None
 
     @property
@@ -64,8 +82,9 @@ class TrainingCheckpoints:
         path) and the weight averaging, for ``pl.Trainer(callbacks=...)``."""
         return [c for c in (self.kept, *self.resume, self.averaging) if c is not None]
 
-    def fit(self, trainer: pl.Trainer, module: pl.LightningModule, loaders, resume: ResumePoint | None,
-            name: str) -> None:
+    def fit(
+        self, trainer: pl.Trainer, module: pl.LightningModule, loaders, resume: ResumePoint | None, name: str
+    ) -> None:
         """``trainer.fit`` from ``resume`` (or afresh), with the way on after a stop.
 
         Raises:
@@ -76,11 +95,19 @@ class TrainingCheckpoints:
         try:
             trainer.fit(module, *loaders, ckpt_path=resume.path if resume else None)
         except SIGTERMException:
-            raise SystemExit(f"{name}: stopped by SIGTERM at step {trainer.global_step}; run the same "
-                             f"command (or `dvc repro`) again to resume from {self.last}") from None
+            raise SystemExit(
+                f"{name}: stopped by SIGTERM at step {trainer.global_step}; run the same "
+                f"command (or `dvc repro`) again to resume from {self.last}"
+            ) from None
         except NonFiniteLossError as e:
-            kept = (f"the last good checkpoint is {self.last} (the weights of the step before; resuming "
-                    "them unchanged meets the same loss)") if self.last.exists() else "no checkpoint was written yet"
+            kept = (
+                (
+                    f"the last good checkpoint is {self.last} (the weights of the step before; resuming "
+                    "them unchanged meets the same loss)"
+                )
+                if self.last.exists()
+                else "no checkpoint was written yet"
+            )
             raise NonFiniteLossError(f"{e}; training stopped, {kept}") from None
 
     def finish(self, trainer: pl.Trainer, module: pl.LightningModule) -> tuple[str, list[int]]:
@@ -91,16 +118,23 @@ class TrainingCheckpoints:
         """
         best_path, averaged = (self.kept.best_model_path if self.kept else ""), []
         if self.averaging and not self.averaging.snapshots:
-            log.warning("checkpoint.average_last=%d but no epoch ended (max_steps?): keeping the "
-                        "final weights", self.averaging.n)
+            log.warning(
+                "checkpoint.average_last=%d but no epoch ended (max_steps?): keeping the final weights",
+                self.averaging.n,
+            )
         elif self.averaging:
             averaged = self.averaging.apply(module)
             log.info("kept checkpoint: the mean of the weights after epochs %s", averaged)
             if len(averaged) < self.averaging.n:
-                log.warning("checkpoint.average_last=%d but only %d epoch(s) ended: averaged those",
-                            self.averaging.n, len(averaged))
+                log.warning(
+                    "checkpoint.average_last=%d but only %d epoch(s) ended: averaged those",
+                    self.averaging.n,
+                    len(averaged),
+                )
         if not best_path:
             best_path = str(self.folder / f"{self.filename}.ckpt")
             trainer.save_checkpoint(best_path)
-        log.info("rank %d: checkpoint %s (exists: %s)", trainer.global_rank, best_path, Path(best_path).exists())
+        log.info(
+            "rank %d: checkpoint %s (exists: %s)", trainer.global_rank, best_path, Path(best_path).exists()
+        )
         return best_path, averaged

@@ -1,4 +1,5 @@
 """Per-epoch metrics as one CSV row per epoch, the file `dvc plots` draws the training curves from."""
+
 from __future__ import annotations
 
 import csv
@@ -75,7 +76,7 @@ class EpochHistoryLogger(Logger):
         writer = csv.DictWriter(out, columns, lineterminator="\n")
         writer.writeheader()
         for epoch in sorted(self.rows):
-            writer.writerow({k: int(v) if k in ("epoch", "step") else repr(float(v))
-                             for k, v in self.rows[epoch].items()})
+            writer.writerow(
+                {k: int(v) if k in ("epoch", "step") else repr(float(v)) for k, v in self.rows[epoch].items()}
+            )
         write_text_atomic(self.path, out.getvalue())
-

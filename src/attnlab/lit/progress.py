@@ -4,6 +4,7 @@
 package, because importing Lightning takes seconds and the stages that never train
 (download, tokenize) use the console too.
 """
+
 from __future__ import annotations
 
 import math
@@ -75,8 +76,7 @@ class EpochLines(Callback):
             return
         epoch, seconds = self._ended
         logged = trainer.logged_metrics
-        values = {k: as_float(logged[k]) for k, _, _ in EPOCH_COLUMNS
-                  if k in logged and k not in VAL_KEYS}
+        values = {k: as_float(logged[k]) for k, _, _ in EPOCH_COLUMNS if k in logged and k not in VAL_KEYS}
         values.update(self._val)
         self._ended, self._val = None, {}
         if not trainer.is_global_zero:

@@ -2,6 +2,7 @@
 
 ``conf/model/nw.yaml`` names it as its ``task.module`` (see :mod:`attnlab.lit.translation`).
 """
+
 from __future__ import annotations
 
 from pathlib import Path
@@ -13,10 +14,16 @@ from omegaconf import DictConfig, OmegaConf
 from torch.utils.data import DataLoader, TensorDataset
 from torchmetrics import MeanSquaredError
 
+from attnlab.analysis.explorer import nw_explorer, write_explorer
+from attnlab.analysis.viz import nw_figures
 from attnlab.data.synthetic import synthetic_from_config
-from attnlab.explorer import nw_explorer, write_explorer
-from attnlab.models.nadaraya_watson import NadarayaWatson, check_kernel, check_width, leave_one_out, nw_evaluation
-from attnlab.viz import nw_figures
+from attnlab.models.nadaraya_watson import (
+    NadarayaWatson,
+    check_kernel,
+    check_width,
+    leave_one_out,
+    nw_evaluation,
+)
 
 
 class RegressionModule(pl.LightningModule):
@@ -56,7 +63,6 @@ class RegressionModule(pl.LightningModule):
     def configure_optimizers(self):
         return instantiate(self.hparams.optimizer)(params=self.parameters())
 
-
     # --- what train.py asks of its task (conf/model/nw.yaml: task.module) ----------------------
 
     @classmethod
@@ -75,8 +81,10 @@ class RegressionModule(pl.LightningModule):
         module = cls(optimizer=OmegaConf.to_container(cfg.optimizer, resolve=True), init_w=m.init_w)
         module.data = data
         module.figure_settings = {"kernels": kernels, "width": widths[0], "width_sweep": widths[1:]}
-        return module, (full_batch_loader(data["x_train"], data["y_train"]),
-                        full_batch_loader(data["x_test"], data["y_test"]))
+        return module, (
+            full_batch_loader(data["x_train"], data["y_train"]),
+            full_batch_loader(data["x_test"], data["y_test"]),
+        )
 
     @staticmethod
     def run_tags(cfg: DictConfig) -> dict[str, str]:
@@ -89,22 +97,42 @@ class RegressionModule(pl.LightningModule):
 
     def figures(self, net: NadarayaWatson, folder: Path) -> list[Path]:
         """D2L 11.2's figures for the trained ``net`` (fit, weights, each kernel, the width sweep:
-        :func:`attnlab.viz.nw_figures`) in ``<folder>/attention``, and the attention explorer of
-        the same fits (:func:`attnlab.explorer.nw_explorer`) in ``<folder>/explorer.html``."""
+        :func:`attnlab.analysis.viz.nw_figures`) in ``<folder>/attention``, and the attention explorer of
+        the same fits (:func:`attnlab.analysis.explorer.nw_explorer`) in ``<folder>/explorer.html``."""
         out_dir = Path(folder) / "attention"
         s, d = self.figure_settings, self.data
         ev = nw_evaluation(d, float(net.w.detach()), s["kernels"], s["width"], s["width_sweep"])
-        paths = nw_figures(d["x_train"], d["y_train"], d["x_test"], d["y_test"], ev["predictions"],
-                           ev["weights"], out_dir, kernels=ev["kernels"], width=s["width"],
-                           width_sweep=ev["width_sweep"], trained_w=ev["w"])
+        paths = nw_figures(
+            d["x_train"],
+            d["y_train"],
+            d["x_test"],
+            d["y_test"],
+            ev["predictions"],
+            ev["weights"],
+            out_dir,
+            kernels=ev["kernels"],
+            width=s["width"],
+            width_sweep=ev["width_sweep"],
+            trained_w=ev["w"],
+        )
         w = ev["w"]
         trained = f"trained Gaussian: w = {w:.2f}, σ = {1 / abs(w) if w else float('inf'):.2f}"
-        fits = {trained: {"weights": ev["weights"],
-                          "prediction": ev["weights"] @ d["y_train"]},  # f(x) = Σ_i α_i(x) y_i
-                **{f"{k.capitalize()} kernel, σ = {s['width']:g}": f for k, f in ev["kernels"].items()},
-                **{f"Gaussian kernel, σ = {sigma:g}": f for sigma, f in ev["width_sweep"].items()}}
-        page = nw_explorer(d["x_train"], d["y_train"], d["x_test"], d["y_test"], fits,
-                           "Nadaraya–Watson regression (D2L 11.2): attention weights and fits")
+        fits = {
+            trained: {
+                "weights": ev["weights"],
+                "prediction": ev["weights"] @ d["y_train"],
+            },  # f(x) = Σ_i α_i(x) y_i
+            **{f"{k.capitalize()} kernel, σ = {s['width']:g}": f for k, f in ev["kernels"].items()},
+            **{f"Gaussian kernel, σ = {sigma:g}": f for sigma, f in ev["width_sweep"].items()},
+        }
+        page = nw_explorer(
+            d["x_train"],
+            d["y_train"],
+            d["x_test"],
+            d["y_test"],
+            fits,
+            "Nadaraya–Watson regression (D2L 11.2): attention weights and fits",
+        )
         return [*paths, write_explorer(Path(folder) / "explorer.html", page)]
 
 

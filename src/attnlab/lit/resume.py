@@ -10,6 +10,7 @@ same masks as an uninterrupted run. The finished run deletes ``last.ckpt``.
 :class:`ResumableCheckpoint` keeps the best score and path across a moved or cloned
 project and never writes a step checkpoint that would skip an epoch's validation.
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -29,8 +30,11 @@ LAST = "last"
 # Config keys that do not change what is trained: where files go, the tracking store,
 # which attention maps are drawn, how often the resume checkpoint is written, console output.
 _IGNORED = ("paths", "mlflow", "hydra", "heatmaps")
-_IGNORED_NESTED = (("checkpoint", "every_n_train_steps"), ("trainer", "enable_progress_bar"),
-                   ("callbacks", "console"))
+_IGNORED_NESTED = (
+    ("checkpoint", "every_n_train_steps"),
+    ("trainer", "enable_progress_bar"),
+    ("callbacks", "console"),
+)
 
 
 def config_fingerprint(cfg: DictConfig) -> str:
@@ -59,8 +63,11 @@ class ResumeState(pl.Callback):
         self._rng: dict | None = None
 
     def state_dict(self) -> dict:
-        state = {"fingerprint": self.fingerprint, "run_id": self.logger.run_id,
-                 "torch_rng": torch.get_rng_state()}
+        state = {
+            "fingerprint": self.fingerprint,
+            "run_id": self.logger.run_id,
+            "torch_rng": torch.get_rng_state(),
+        }
         if torch.cuda.is_available() and torch.cuda.is_initialized():
             state["cuda_rng"] = torch.cuda.get_rng_state_all()
         return state
@@ -80,6 +87,7 @@ class ResumeState(pl.Callback):
 @dataclass
 class ResumePoint:
     """A checkpoint to resume from (``path``) and the MLflow run to continue (``run_id``)."""
+
     path: Path
     run_id: str | None
 
@@ -102,9 +110,11 @@ def find_resume_point(checkpoint_dir: Path, fingerprint: str) -> tuple[ResumePoi
     if state.get("fingerprint") != fingerprint:
         return None, f"ignoring {path}: written with another config; starting afresh"
     epoch = ckpt["epoch"] + 1  # Lightning counts epochs from 0, the console's lines from 1
-    return (ResumePoint(path, state.get("run_id")),
-            f"resuming from {path} (saved in epoch {epoch}, after step {ckpt['global_step']}), "
-            f"MLflow run {state.get('run_id')}")
+    return (
+        ResumePoint(path, state.get("run_id")),
+        f"resuming from {path} (saved in epoch {epoch}, after step {ckpt['global_step']}), "
+        f"MLflow run {state.get('run_id')}",
+    )
 
 
 class ResumableCheckpoint(ModelCheckpoint):
@@ -141,11 +151,14 @@ class ResumableCheckpoint(ModelCheckpoint):
     def load_state_dict(self, state_dict: dict) -> None:
         old, new = state_dict.get("dirpath"), self.dirpath
         if old and new and old != new:
-            state_dict = {**state_dict, "dirpath": new,
-                          "best_k_models": {rebase(k, old, new) or k: v
-                                            for k, v in state_dict.get("best_k_models", {}).items()}}
+            state_dict = {
+                **state_dict,
+                "dirpath": new,
+                "best_k_models": {
+                    rebase(k, old, new) or k: v for k, v in state_dict.get("best_k_models", {}).items()
+                },
+            }
             for key in ("best_model_path", "kth_best_model_path", "last_model_path"):
                 if key in state_dict:
                     state_dict[key] = rebase(state_dict[key], old, new) or state_dict[key]
         super().load_state_dict(state_dict)
-

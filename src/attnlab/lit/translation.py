@@ -4,6 +4,7 @@
 it with :meth:`TranslationModule.from_config` and asks it for its run tags, its per-epoch
 callbacks and its final figures, never which task it holds.
 """
+
 from __future__ import annotations
 
 import math
@@ -16,26 +17,28 @@ from hydra.utils import instantiate
 from omegaconf import DictConfig, OmegaConf
 from torchmetrics import MeanMetric
 
+from attnlab.analysis.heads import head_statistics
+from attnlab.analysis.viz import translation_heatmaps
 from attnlab.data.corpora import read_lines
 from attnlab.data.datamodule import TranslationDataModule
 from attnlab.data.tokenizer import PAD_ID
-from attnlab.decoding import translate_text
-from attnlab.heads import head_statistics
+from attnlab.inference.decoding import translate_text
 from attnlab.lit.heatmaps import EpochHeatmaps
 from attnlab.loss import NonFiniteLossError, sequence_loss
-from attnlab.models import build_net
 from attnlab.metrics import CorpusScores
-from attnlab.viz import translation_heatmaps
+from attnlab.models import build_net
 
 
 def inverse_sqrt_warmup(warmup_steps: int):
     """LR multiplier: linear warmup to 1 over ``warmup_steps``, then (warmup/step)^0.5
     (Vaswani et al. eq. 3, normalized to peak 1). ``warmup_steps=0`` keeps the LR constant."""
+
     def factor(step: int) -> float:
         if warmup_steps <= 0:
             return 1.0
         step = step + 1
         return min(step / warmup_steps, math.sqrt(warmup_steps / step))
+
     return factor
 
 
@@ -49,14 +52,17 @@ def linear_warmup_decay(warmup_steps: int, total_steps: int):
         ValueError: ``total_steps`` is not larger than ``warmup_steps`` (no step would decay).
     """
     if total_steps <= max(warmup_steps, 0):
-        raise ValueError(f"lr_decay=linear needs more steps than warm-up: {total_steps} step(s) planned "
-                         f"(trainer.max_epochs / max_steps), warmup_steps={warmup_steps}; raise "
-                         "trainer.max_epochs or lower model.warmup_steps")
+        raise ValueError(
+            f"lr_decay=linear needs more steps than warm-up: {total_steps} step(s) planned "
+            f"(trainer.max_epochs / max_steps), warmup_steps={warmup_steps}; raise "
+            "trainer.max_epochs or lower model.warmup_steps"
+        )
 
     def factor(step: int) -> float:  # step: the 0-based index of the optimizer step to take
         if step < warmup_steps:
             return (step + 1) / warmup_steps
         return max(0.0, (total_steps - step) / (total_steps - warmup_steps))
+
     return factor
 
 
@@ -90,12 +96,22 @@ class TranslationModule(pl.LightningModule):
         NonFiniteLossError: from ``training_step`` when the loss is NaN or ±inf (names the step).
     """
 
-    def __init__(self, net: dict, optimizer: dict, vocab_size: int,
-                 label_smoothing: float = 0.1, warmup_steps: int = 0, lr_decay: str = "inverse_sqrt",
-                 val_batch_size: int = 256, src_vocab_size: int | None = None):
+    def __init__(
+        self,
+        net: dict,
+        optimizer: dict,
+        vocab_size: int,
+        label_smoothing: float = 0.1,
+        warmup_steps: int = 0,
+        lr_decay: str = "inverse_sqrt",
+        val_batch_size: int = 256,
+        src_vocab_size: int | None = None,
+    ):
         super().__init__()
         if lr_decay not in LR_DECAYS:
-            raise ValueError(f"model.lr_decay={lr_decay!r} is not a schedule; choose one of {', '.join(LR_DECAYS)}")
+            raise ValueError(
+                f"model.lr_decay={lr_decay!r} is not a schedule; choose one of {', '.join(LR_DECAYS)}"
+            )
         self.save_hyperparameters(logger=False)
         extra = {"src_vocab_size": src_vocab_size} if src_vocab_size else {}
         self.net = build_net(net, vocab_size=vocab_size, pad_id=PAD_ID, **extra)
@@ -124,20 +140,28 @@ class TranslationModule(pl.LightningModule):
             raise NonFiniteLossError(
                 f"training loss is {loss.item()} at step {self.global_step} (epoch "
                 f"{self.current_epoch}, batch {batch_idx}); no weight was updated with it. "
-                "Lower optimizer.lr or raise model.warmup_steps (a changed config trains afresh)")
+                "Lower optimizer.lr or raise model.warmup_steps (a changed config trains afresh)"
+            )
         ntok = int((batch["tgt_out"] != PAD_ID).sum())
         done_tokens, done_time = self._epoch_tokens, self._epoch_train_time
         self._epoch_tokens += ntok
-        self.log("train_loss", loss, on_step=False, on_epoch=True, prog_bar=True,
-                 batch_size=ntok, sync_dist=True)
+        self.log(
+            "train_loss", loss, on_step=False, on_epoch=True, prog_bar=True, batch_size=ntok, sync_dist=True
+        )
         # Progress bar only (logger=False: no MLflow metric): this step's loss and the target
         # tokens/s of this epoch's finished steps (this rank's under DDP). Both are CPU tensors,
         # so the bar reads them every step without waiting for the GPU; the loss is copied just
         # after the two syncs above, when nothing is queued on the device.
         self.log("loss", loss.detach().cpu(), on_step=True, on_epoch=False, prog_bar=True, logger=False)
         if done_time > 0:  # none at an epoch's first step
-            self.log("tokens/s", torch.tensor(done_tokens / done_time), on_step=True, on_epoch=False,
-                     prog_bar=True, logger=False)
+            self.log(
+                "tokens/s",
+                torch.tensor(done_tokens / done_time),
+                on_step=True,
+                on_epoch=False,
+                prog_bar=True,
+                logger=False,
+            )
         return loss
 
     def on_train_epoch_start(self):
@@ -153,8 +177,12 @@ class TranslationModule(pl.LightningModule):
     def on_train_epoch_end(self):
         # Lightning runs validation before this hook; the time is taken at the last training step.
         # Summed over DDP ranks: the throughput of the whole job.
-        self.log("tokens_per_sec", self._epoch_tokens / max(self._epoch_train_time, 1e-9),
-                 sync_dist=True, reduce_fx="sum")
+        self.log(
+            "tokens_per_sec",
+            self._epoch_tokens / max(self._epoch_train_time, 1e-9),
+            sync_dist=True,
+            reduce_fx="sum",
+        )
 
     def validation_step(self, batch, batch_idx):
         loss = self._loss(batch, 0.0)  # mean over the batch's target tokens
@@ -172,7 +200,8 @@ class TranslationModule(pl.LightningModule):
 
     def _log_head_statistics(self):
         """Entropy, confidence and diagonal offset of every head on ``stats_batch``
-        (:func:`attnlab.heads.head_statistics`); the same sample on every rank, so the same values."""
+        (:func:`attnlab.analysis.heads.head_statistics`); the same sample on every rank, so the same
+        values."""
         batch = {k: v.to(self.device) for k, v in self.stats_batch.items()}
         for name, value in head_statistics(self.net, batch).items():
             self.log(name, torch.tensor(value, dtype=torch.float64), sync_dist=True)
@@ -186,22 +215,28 @@ class TranslationModule(pl.LightningModule):
         size = self.hparams.val_batch_size
         for b in range(0, len(order), size):
             idx = order[b : b + size]
-            self.val_scores.update(self.translate([sources[i] for i in idx]),
-                                   [references[i] for i in idx])
+            self.val_scores.update(self.translate([sources[i] for i in idx]), [references[i] for i in idx])
         scores = self.val_scores.compute()  # states summed across ranks: one corpus score
         self.val_scores.reset()
         # Every rank holds the same values (float64, as sacreBLEU gives them); the mean over
         # ranks of equal values is that value, and sync_dist keeps Lightning from warning.
         for name, key in (("val_bleu", "bleu"), ("val_chrf", "chrf")):
-            self.log(name, torch.tensor(scores[key], dtype=torch.float64), prog_bar=key == "bleu",
-                     sync_dist=True)
+            self.log(
+                name, torch.tensor(scores[key], dtype=torch.float64), prog_bar=key == "bleu", sync_dist=True
+            )
 
     def translate(self, sentences: list[str]) -> list[str]:
         """Greedy translations (detokenized text) of ``sentences``, in order."""
         was_training = self.net.training
         self.net.eval()
-        hyps = translate_text(self.net.init_state, self.net.step, self.tokenizer, sentences,
-                              self.hparams.val_batch_size, self.device)
+        hyps = translate_text(
+            self.net.init_state,
+            self.net.step,
+            self.tokenizer,
+            sentences,
+            self.hparams.val_batch_size,
+            self.device,
+        )
         self.net.train(was_training)
         return hyps
 
@@ -231,13 +266,23 @@ class TranslationModule(pl.LightningModule):
         """
         if cfg.data.name == "synthetic":
             raise ValueError(f"model={cfg.model.name} translates; choose data=multi30k or data=fra_eng")
-        dm = TranslationDataModule(cfg.paths.tokenized, cfg.model.batch_size, cfg.data.max_len, cfg.seed,
-                                   max_tokens=cfg.model.get("max_tokens"))
-        plain = lambda node: OmegaConf.to_container(node, resolve=True)  # noqa: E731 (weights_only loads)
-        module = cls(net=plain(cfg.model.net), optimizer=plain(cfg.optimizer), vocab_size=dm.vocab_size,
-                     label_smoothing=cfg.model.label_smoothing, warmup_steps=cfg.model.warmup_steps,
-                     lr_decay=cfg.model.lr_decay,
-                     src_vocab_size=dm.src_vocab_size)
+        dm = TranslationDataModule(
+            cfg.paths.tokenized,
+            cfg.model.batch_size,
+            cfg.data.max_len,
+            cfg.seed,
+            max_tokens=cfg.model.get("max_tokens"),
+        )
+        plain = lambda node: OmegaConf.to_container(node, resolve=True)
+        module = cls(
+            net=plain(cfg.model.net),
+            optimizer=plain(cfg.optimizer),
+            vocab_size=dm.vocab_size,
+            label_smoothing=cfg.model.label_smoothing,
+            warmup_steps=cfg.model.warmup_steps,
+            lr_decay=cfg.model.lr_decay,
+            src_vocab_size=dm.src_vocab_size,
+        )
         tok_dir, n = Path(cfg.paths.tokenized), cfg.data.val_bleu_sentences
         sources = read_lines(tok_dir / "val.src.txt")
         module.tokenizer = dm.tokenizer
@@ -255,10 +300,18 @@ class TranslationModule(pl.LightningModule):
     def epoch_callbacks(self, cfg: DictConfig, folder: Path, logger) -> list[pl.Callback]:
         """After every validation epoch, the attention maps of ``heatmaps.epoch_kinds`` (PNGs in
         ``<folder>/attention/epochs/``) and the explorer (``<folder>/explorer.html``)."""
-        return [EpochHeatmaps(self.heatmap_sources, cfg.heatmaps.epoch_kinds, folder / "attention", logger,
-                              explorer_path=folder / "explorer.html")]
+        return [
+            EpochHeatmaps(
+                self.heatmap_sources,
+                cfg.heatmaps.epoch_kinds,
+                folder / "attention",
+                logger,
+                explorer_path=folder / "explorer.html",
+            )
+        ]
 
     def figures(self, net: torch.nn.Module, folder: Path) -> list[Path]:
         """The attention PNGs of ``net`` (the kept checkpoint's model) for the heatmap sentences:
-        every kind and layer (:func:`attnlab.viz.translation_heatmaps`), in ``<folder>/attention``."""
+        every kind and layer (:func:`attnlab.analysis.viz.translation_heatmaps`), in
+        ``<folder>/attention``."""
         return translation_heatmaps(net, self.tokenizer, self.heatmap_sources, folder / "attention")

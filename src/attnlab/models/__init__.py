@@ -11,6 +11,14 @@ In the chapter's order:
 * :mod:`attnlab.models.transformer`: 11.7, the position-wise FFN, add & norm, the blocks and
   the Transformer encoder–decoder.
 
+The book's names are importable from here, in one line::
+
+    from attnlab.models import (masked_softmax, AdditiveAttention, DotProductAttention,
+                                MultiHeadAttention, PositionalEncoding, PositionWiseFFN,
+                                AddNorm, Bahdanau, Transformer, NadarayaWatson)
+
+(The Chinese edition numbers this chapter 10: 11.2 there is 10.2, and so on.)
+
 Nothing here imports Lightning, Hydra, MLflow or the rest of attnlab
 (``tests/test_layout.py`` checks it): the lab (:mod:`attnlab.lit`, :mod:`attnlab.data`,
 the stage scripts) is built around these modules.
@@ -21,11 +29,54 @@ checkpoint). It accepts only attnlab's own model classes and never imports or
 calls anything else a config or checkpoint names: a checkpoint from elsewhere
 is data, not code.
 """
+
 from __future__ import annotations
 
 from collections.abc import Mapping
 
 from torch import nn
+
+from attnlab.models.attention import (
+    AdditiveAttention,
+    DotProductAttention,
+    MultiHeadAttention,
+    masked_hardmax,
+    masked_softmax,
+    transpose_output,
+    transpose_qkv,
+)
+from attnlab.models.bahdanau import Bahdanau, Seq2SeqEncoder
+from attnlab.models.nadaraya_watson import NadarayaWatson
+from attnlab.models.positional_encoding import PositionalEncoding
+from attnlab.models.transformer import (
+    AddNorm,
+    PositionWiseFFN,
+    Transformer,
+    TransformerDecoderBlock,
+    TransformerEncoderBlock,
+)
+
+__all__ = [
+    "NET_TARGETS",
+    "AddNorm",
+    "AdditiveAttention",
+    "Bahdanau",
+    "DotProductAttention",
+    "MultiHeadAttention",
+    "NadarayaWatson",
+    "PositionWiseFFN",
+    "PositionalEncoding",
+    "Seq2SeqEncoder",
+    "Transformer",
+    "TransformerDecoderBlock",
+    "TransformerEncoderBlock",
+    "UnknownModelError",
+    "build_net",
+    "masked_hardmax",
+    "masked_softmax",
+    "transpose_output",
+    "transpose_qkv",
+]
 
 # The `_target_` strings a model config may name (what conf/model/*.yaml write).
 NET_TARGETS = ("attnlab.models.transformer.Transformer", "attnlab.models.bahdanau.Bahdanau")
@@ -36,9 +87,6 @@ class UnknownModelError(ValueError):
 
 
 def _classes() -> dict[str, type[nn.Module]]:
-    from attnlab.models.bahdanau import Bahdanau
-    from attnlab.models.transformer import Transformer
-
     return {f"{c.__module__}.{c.__qualname__}": c for c in (Transformer, Bahdanau)}
 
 
@@ -63,7 +111,8 @@ def build_net(config: Mapping, **kwargs) -> nn.Module:
             f"model config names _target_={target!r}, which is not one of attnlab's models "
             f"({', '.join(NET_TARGETS)}); attnlab builds only its own model classes and "
             "imports or calls nothing else a config or checkpoint names. Use a checkpoint "
-            "written by attnlab's src/train.py, or set model.net._target_ to one of those")
+            "written by attnlab's src/train.py, or set model.net._target_ to one of those"
+        )
     args = {k: v for k, v in config.items() if k != "_target_"}
     for key, value in args.items():
         nested = value.get("_target_") if isinstance(value, Mapping) else None
@@ -71,5 +120,6 @@ def build_net(config: Mapping, **kwargs) -> nn.Module:
             raise UnknownModelError(
                 f"model config {target}: key {key!r} holds {value!r}; a model's settings are "
                 "plain numbers, strings and booleans, never objects to build (nothing was "
-                "imported or called). Remove the key or give it a plain value")
+                "imported or called). Remove the key or give it a plain value"
+            )
     return _classes()[target](**args, **kwargs)

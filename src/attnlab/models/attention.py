@@ -12,6 +12,7 @@ Xu et al. 2015, "Show, Attend and Tell", section 4.1 (hard attention, see
 Shape letters used throughout: B batch, Q queries, K key-value pairs, D/d
 feature sizes, H heads.
 """
+
 from __future__ import annotations
 
 import math
@@ -40,8 +41,7 @@ def _key_mask(valid_lens: torch.Tensor, num_queries: int, num_keys: int) -> torc
     if valid_lens.dim() == 1:
         valid_lens = valid_lens[:, None].expand(-1, num_queries)
     elif valid_lens.dim() != 2:
-        raise ValueError(
-            f"valid_lens must have shape (B,) or (B, Q); got {tuple(valid_lens.shape)}")
+        raise ValueError(f"valid_lens must have shape (B,) or (B, Q); got {tuple(valid_lens.shape)}")
     positions = torch.arange(num_keys, device=valid_lens.device)
     return positions[None, None, :] < valid_lens[:, :, None]
 
@@ -124,8 +124,9 @@ class AdditiveAttention(nn.Module):
         ``self.attention_weights`` holds the last weights, (B, Q, K).
     """
 
-    def __init__(self, key_size: int, query_size: int, num_hiddens: int, dropout: float = 0.0,
-                 hard: bool = False):
+    def __init__(
+        self, key_size: int, query_size: int, num_hiddens: int, dropout: float = 0.0, hard: bool = False
+    ):
         super().__init__()
         self.hard = hard
         self.W_k = nn.Linear(key_size, num_hiddens, bias=False)
@@ -219,13 +220,17 @@ class MultiHeadAttention(nn.Module):
         ValueError: if ``d_model`` is not divisible by ``num_heads``.
     """
 
-    def __init__(self, d_model: int, num_heads: int, dropout: float = 0.0, bias: bool = False,
-                 hard: bool = False):
+    attention: DotProductAttention
+
+    def __init__(
+        self, d_model: int, num_heads: int, dropout: float = 0.0, bias: bool = False, hard: bool = False
+    ):
         super().__init__()
         if d_model % num_heads:
             raise ValueError(
                 f"d_model={d_model} is not divisible by num_heads={num_heads}; "
-                "pick num_heads that divides d_model")
+                "pick num_heads that divides d_model"
+            )
         self.num_heads = num_heads
         self.dropout_p = dropout
         self.hard = hard
@@ -247,16 +252,19 @@ class MultiHeadAttention(nn.Module):
         if mask is not None:
             mask = torch.as_tensor(mask, dtype=torch.float32, device=self.W_q.weight.device)
             if mask.shape != (self.num_heads,):
-                raise ValueError(f"head mask of shape {tuple(mask.shape)}; this attention has "
-                                 f"{self.num_heads} heads: give a ({self.num_heads},) mask")
+                raise ValueError(
+                    f"head mask of shape {tuple(mask.shape)}; this attention has "
+                    f"{self.num_heads} heads: give a ({self.num_heads},) mask"
+                )
         self.head_mask = mask
 
     def _mask_heads(self, out: torch.Tensor) -> torch.Tensor:
         """Per-head outputs (B, H, Q, d) times the head mask (none: unchanged)."""
         return out if self.head_mask is None else out * self.head_mask.to(out.dtype)[:, None, None]
 
-    def forward(self, queries, keys, values, valid_lens=None, need_weights: bool = True,
-                is_causal: bool = False):
+    def forward(
+        self, queries, keys, values, valid_lens=None, need_weights: bool = True, is_causal: bool = False
+    ):
         """Multi-head attention of ``queries`` over ``keys``/``values``.
 
         ``is_causal=True`` (self-attention only, with ``valid_lens=None``) lets
@@ -277,10 +285,13 @@ class MultiHeadAttention(nn.Module):
             if valid_lens is not None:  # one copy per head, sample-major like q/k/v
                 valid_lens = torch.repeat_interleave(valid_lens, self.num_heads, dim=0)
             out = self.attention(q, k, v, valid_lens)  # (B·H, Q, d)
-            self.attention_weights = self.attention.attention_weights.reshape(
-                B, self.num_heads, Q, K)
+            weights = self.attention.attention_weights  # (B·H, Q, K), set by the call above
+            assert weights is not None
+            self.attention_weights = weights.reshape(B, self.num_heads, Q, K)
             if self.head_mask is not None:
-                out = self._mask_heads(out.reshape(B, self.num_heads, Q, -1)).reshape(B * self.num_heads, Q, -1)
+                out = self._mask_heads(out.reshape(B, self.num_heads, Q, -1)).reshape(
+                    B * self.num_heads, Q, -1
+                )
             return self.W_o(transpose_output(out, self.num_heads))  # (B, Q, d_model)
         self.attention_weights = None
         k, v = self.project_kv(keys, values)  # (B, H, K, d)
@@ -298,8 +309,14 @@ class MultiHeadAttention(nn.Module):
         """
         return self.split_heads(self.W_k(keys)), self.split_heads(self.W_v(values))
 
-    def attend(self, queries: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
-               valid_lens: torch.Tensor | None = None, is_causal: bool = False) -> torch.Tensor:
+    def attend(
+        self,
+        queries: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        valid_lens: torch.Tensor | None = None,
+        is_causal: bool = False,
+    ) -> torch.Tensor:
         """Fused attention of ``queries`` (B, Q, d_model) over projected heads k, v (B, H, K, d).
 
         ``valid_lens`` None, (B,) or (B, Q) as in :meth:`forward`; returns
@@ -316,8 +333,9 @@ class MultiHeadAttention(nn.Module):
             # (finite, any version), then zero their output below.
             mask = mask | empty
         p = self.dropout_p if self.training else 0.0
-        out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=p,
-                                             is_causal=is_causal and mask is None)
+        out = F.scaled_dot_product_attention(
+            q, k, v, attn_mask=mask, dropout_p=p, is_causal=is_causal and mask is None
+        )
         if empty is not None:  # rows with no valid key: zero, as masked_softmax does
             out = out.masked_fill(empty, 0.0)
         out = self._mask_heads(out).transpose(1, 2).reshape(B, Q, -1)  # (B, Q, H·d)

@@ -7,6 +7,7 @@ from :class:`attnlab.models.attention.AdditiveAttention` over the encoder states
 The key projection W_k h_j is computed once per sentence (it is part of the
 decoding state), not once per step.
 """
+
 from __future__ import annotations
 
 import torch
@@ -31,10 +32,10 @@ class Seq2SeqEncoder(nn.Module):
 
     def forward(self, src, valid_lens):
         packed = nn.utils.rnn.pack_padded_sequence(
-            self.embedding(src), valid_lens.cpu().clamp_min(1), batch_first=True, enforce_sorted=False)
+            self.embedding(src), valid_lens.cpu().clamp_min(1), batch_first=True, enforce_sorted=False
+        )
         outputs, state = self.rnn(packed)
-        outputs, _ = nn.utils.rnn.pad_packed_sequence(outputs, batch_first=True,
-                                                      total_length=src.shape[1])
+        outputs, _ = nn.utils.rnn.pad_packed_sequence(outputs, batch_first=True, total_length=src.shape[1])
         return outputs, state
 
 
@@ -58,15 +59,25 @@ class Bahdanau(nn.Module):
 
     kind = "bahdanau"
 
-    def __init__(self, vocab_size: int, embed_size: int = 256, num_hiddens: int = 256,
-                 num_layers: int = 1, dropout: float = 0.0, pad_id: int = 0,
-                 src_vocab_size: int | None = None):
+    def __init__(
+        self,
+        vocab_size: int,
+        embed_size: int = 256,
+        num_hiddens: int = 256,
+        num_layers: int = 1,
+        dropout: float = 0.0,
+        pad_id: int = 0,
+        src_vocab_size: int | None = None,
+    ):
         super().__init__()
-        self.encoder = Seq2SeqEncoder(src_vocab_size or vocab_size, embed_size, num_hiddens, num_layers, dropout, pad_id)
+        self.encoder = Seq2SeqEncoder(
+            src_vocab_size or vocab_size, embed_size, num_hiddens, num_layers, dropout, pad_id
+        )
         self.attention = AdditiveAttention(num_hiddens, num_hiddens, num_hiddens, 0.0)
         self.embedding = nn.Embedding(vocab_size, embed_size, padding_idx=pad_id)
-        self.rnn = nn.GRU(embed_size + num_hiddens, num_hiddens, num_layers,
-                          dropout=dropout, batch_first=True)
+        self.rnn = nn.GRU(
+            embed_size + num_hiddens, num_hiddens, num_layers, dropout=dropout, batch_first=True
+        )
         self.dropout = nn.Dropout(dropout)
         self.dense = nn.Linear(num_hiddens, vocab_size)
 
@@ -74,27 +85,29 @@ class Bahdanau(nn.Module):
         """State, batch-first: (encoder outputs (B, S, h), valid lens (B,),
         decoder hidden state (B, L, h), W_k·keys (B, S, h))."""
         enc_outputs, hidden = self.encoder(src, src_valid_lens)
-        return (enc_outputs, src_valid_lens, hidden.transpose(0, 1),
-                self.attention.project_keys(enc_outputs))
+        return (enc_outputs, src_valid_lens, hidden.transpose(0, 1), self.attention.project_keys(enc_outputs))
 
     def _decode(self, tgt_in, enc_outputs, src_valid_lens, hidden, proj_keys, record=False):
         """Run the decoder over tgt_in (B, T); returns the output layer's inputs (B, T, h)
         (after dropout), hidden, weights (B, T, S)."""
         X = self.dropout(self.embedding(tgt_in))  # (B, T, e)
-        outputs, weights = [], []
+        outputs: list[torch.Tensor] = []
+        weights: list[torch.Tensor] = []
         for t in range(X.shape[1]):
             query = hidden[-1].unsqueeze(1)  # (B, 1, h)
-            context = self.attention(query, enc_outputs, enc_outputs, src_valid_lens,
-                                     projected_keys=proj_keys)  # (B, 1, h)
+            context = self.attention(
+                query, enc_outputs, enc_outputs, src_valid_lens, projected_keys=proj_keys
+            )  # (B, 1, h)
             x = torch.cat((context, X[:, t : t + 1]), dim=-1)  # (B, 1, h + e)
             out, hidden = self.rnn(x, hidden)  # out (B, 1, h)
             outputs.append(out)
             if record:
+                assert self.attention.attention_weights is not None  # (B, 1, S), set by the call above
                 weights.append(self.attention.attention_weights)
         features = self.dropout(torch.cat(outputs, dim=1))  # (B, T, h)
         return features, hidden, (torch.cat(weights, dim=1) if record else None)
 
-    def _start(self, src, src_valid_lens):
+    def _start(self, src, src_valid_lens) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
         """init_state with the hidden state in the GRU's (L, B, h) layout."""
         enc_outputs, valid, hidden, proj_keys = self.init_state(src, src_valid_lens)
         return enc_outputs, valid, hidden.transpose(0, 1).contiguous(), proj_keys
@@ -118,8 +131,9 @@ class Bahdanau(nn.Module):
 
         The GRU state is the cache: only ``ys[:, -1]`` is computed.
         """
-        features, hidden, _ = self._decode(ys[:, -1:], enc_outputs, src_valid_lens,
-                                           hidden.transpose(0, 1).contiguous(), proj_keys)
+        features, hidden, _ = self._decode(
+            ys[:, -1:], enc_outputs, src_valid_lens, hidden.transpose(0, 1).contiguous(), proj_keys
+        )
         return (self.dense(features[:, -1]), enc_outputs, src_valid_lens, hidden.transpose(0, 1), proj_keys)
 
     def attention_layers(self) -> dict:

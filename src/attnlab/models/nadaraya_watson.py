@@ -31,16 +31,17 @@ previous edition's eq. 11.2.7, f(x) = Σ_i softmax(-((x - x_i) w)²/2) y_i).
 Average pooling, f(x) = mean(y_i), is the baseline. The synthetic data of the
 previous edition's D2L 11.2.1 is in :mod:`attnlab.data.synthetic`.
 """
+
 from __future__ import annotations
 
-from typing import Callable, Iterable
+from collections.abc import Callable, Iterable
 
 import torch
 from torch import nn
 
 
 def _log_gaussian(u: torch.Tensor) -> torch.Tensor:
-    return -u ** 2 / 2
+    return -(u**2) / 2
 
 
 # boxcar and constant keep u in the graph (u * 0) so a parametric w gets a zero gradient, not an
@@ -61,8 +62,11 @@ def _log_epanechnikov(u: torch.Tensor) -> torch.Tensor:
 
 
 LOG_KERNELS: dict[str, Callable[[torch.Tensor], torch.Tensor]] = {
-    "gaussian": _log_gaussian, "boxcar": _log_boxcar,
-    "constant": _log_constant, "epanechnikov": _log_epanechnikov}
+    "gaussian": _log_gaussian,
+    "boxcar": _log_boxcar,
+    "constant": _log_constant,
+    "epanechnikov": _log_epanechnikov,
+}
 KERNELS: tuple[str, ...] = tuple(LOG_KERNELS)
 
 
@@ -73,8 +77,10 @@ def check_kernel(name: str) -> str:
         ValueError: unknown kernel name; the message lists the valid names.
     """
     if name not in LOG_KERNELS:
-        raise ValueError(f"unknown kernel {name!r}; choose one of {', '.join(KERNELS)} "
-                         "(model.kernels in conf/model/nw.yaml)")
+        raise ValueError(
+            f"unknown kernel {name!r}; choose one of {', '.join(KERNELS)} "
+            "(model.kernels in conf/model/nw.yaml)"
+        )
     return name
 
 
@@ -99,8 +105,9 @@ def kernel(name: str, u: torch.Tensor) -> torch.Tensor:
     return torch.exp(LOG_KERNELS[check_kernel(name)](u))
 
 
-def kernel_weights(queries: torch.Tensor, keys: torch.Tensor, kernel: str = "gaussian",
-                   w: float | torch.Tensor = 1.0) -> torch.Tensor:
+def kernel_weights(
+    queries: torch.Tensor, keys: torch.Tensor, kernel: str = "gaussian", w: float | torch.Tensor = 1.0
+) -> torch.Tensor:
     """Attention weights α_i(x) = k((x - x_i) w) / Σ_j k((x - x_j) w), D2L eq. 11.2.2.
 
     Args:
@@ -116,10 +123,12 @@ def kernel_weights(queries: torch.Tensor, keys: torch.Tensor, kernel: str = "gau
     """
     log_k = LOG_KERNELS[check_kernel(kernel)]
     if queries.dim() != 1 or keys.dim() not in (1, 2) or keys.shape[-1] == 0:
-        raise ValueError(f"need queries (Q,) and keys (K,) or (Q, K) with K ≥ 1; got queries "
-                         f"{tuple(queries.shape)}, keys {tuple(keys.shape)}")
-    diff = queries[:, None] - keys                       # (Q, K)
-    scores = log_k(diff * w)                             # (Q, K), -inf where k = 0
+        raise ValueError(
+            f"need queries (Q,) and keys (K,) or (Q, K) with K ≥ 1; got queries "
+            f"{tuple(queries.shape)}, keys {tuple(keys.shape)}"
+        )
+    diff = queries[:, None] - keys  # (Q, K)
+    scores = log_k(diff * w)  # (Q, K), -inf where k = 0
     dist = diff.abs()
     nearest = torch.zeros_like(dist).masked_fill(dist > dist.amin(-1, keepdim=True), float("-inf"))
     no_mass = torch.isneginf(scores).all(-1, keepdim=True)  # (Q, 1)
@@ -144,8 +153,14 @@ class NadarayaWatson(nn.Module):
 
     kind = "nw"
 
-    def __init__(self, parametric: bool = True, init_w: float | None = None, *,
-                 kernel: str = "gaussian", width: float | None = None):
+    def __init__(
+        self,
+        parametric: bool = True,
+        init_w: float | None = None,
+        *,
+        kernel: str = "gaussian",
+        width: float | None = None,
+    ):
         super().__init__()
         if init_w is not None and width is not None:
             raise ValueError(f"give the width σ={width} or init_w=1/σ={init_w}, not both")
@@ -176,12 +191,18 @@ def leave_one_out(x: torch.Tensor, y: torch.Tensor) -> tuple[torch.Tensor, torch
 
 
 @torch.no_grad()
-def nw_evaluation(data: dict[str, torch.Tensor], w: float, kernels: Iterable[str] = KERNELS,
-                  width: float = 1.0, width_sweep: Iterable[float] = ()) -> dict:
+def nw_evaluation(
+    data: dict[str, torch.Tensor],
+    w: float,
+    kernels: Iterable[str] = KERNELS,
+    width: float = 1.0,
+    width_sweep: Iterable[float] = (),
+) -> dict:
     """Test MSE of average pooling, NW with each kernel at width σ, and the trained model.
 
     Args:
-        data: :func:`attnlab.data.synthetic.synthetic_regression`'s dict; keys are x_train (n,), queries x_test (m,).
+        data: :func:`attnlab.data.synthetic.synthetic_regression`'s dict; keys are x_train (n,),
+            queries x_test (m,).
         w: the trained (parametric, Gaussian) model's w = 1/σ.
         kernels: kernel names for the non-parametric models; width: their σ.
         width_sweep: σ values for the Gaussian sweep of D2L 11.2.3 (may be empty).
@@ -211,13 +232,24 @@ def nw_evaluation(data: dict[str, torch.Tensor], w: float, kernels: Iterable[str
     nonparametric, parametric = fit("gaussian", init_w=1.0), fit("gaussian", init_w=w)
     per_kernel = {k: fit(k, width=width) for k in kernels}
     sweep = {float(s): fit("gaussian", width=s) for s in width_sweep}
-    scores = {"mse": mse(parametric["prediction"]),
-              "mse_nonparametric": mse(nonparametric["prediction"]),
-              "mse_average_pooling": mse(average), "w": float(w),
-              **{f"mse_{k}": mse(f["prediction"]) for k, f in per_kernel.items()},
-              "kernel_width": width}
-    predictions = {"average pooling": average,
-                   "non-parametric Gaussian (σ=1)": nonparametric["prediction"],
-                   f"parametric Gaussian (learned w={w:.2f})": parametric["prediction"]}
-    return {**scores, "scores": scores, "predictions": predictions,
-            "weights": parametric["weights"], "kernels": per_kernel, "width_sweep": sweep}
+    scores = {
+        "mse": mse(parametric["prediction"]),
+        "mse_nonparametric": mse(nonparametric["prediction"]),
+        "mse_average_pooling": mse(average),
+        "w": float(w),
+        **{f"mse_{k}": mse(f["prediction"]) for k, f in per_kernel.items()},
+        "kernel_width": width,
+    }
+    predictions = {
+        "average pooling": average,
+        "non-parametric Gaussian (σ=1)": nonparametric["prediction"],
+        f"parametric Gaussian (learned w={w:.2f})": parametric["prediction"],
+    }
+    return {
+        **scores,
+        "scores": scores,
+        "predictions": predictions,
+        "weights": parametric["weights"],
+        "kernels": per_kernel,
+        "width_sweep": sweep,
+    }

@@ -1,4 +1,5 @@
 """Sinusoidal positional encoding (D2L 11.6.3 "Positional Encoding"; Vaswani et al. 2017, 3.5)."""
+
 from __future__ import annotations
 
 import torch
@@ -19,6 +20,8 @@ class PositionalEncoding(nn.Module):
     Raises:
         ValueError: if T > max_len or d_model < 1.
     """
+
+    P: torch.Tensor  # (1, max_len, d_model), a buffer
 
     def __init__(self, d_model: int, dropout: float = 0.0, max_len: int = 1000):
         super().__init__()
@@ -41,5 +44,6 @@ class PositionalEncoding(nn.Module):
         if X.shape[1] > self.P.shape[1]:
             raise ValueError(
                 f"sequence length {X.shape[1]} exceeds PositionalEncoding max_len "
-                f"{self.P.shape[1]}; raise max_len")
+                f"{self.P.shape[1]}; raise max_len"
+            )
         return self.dropout(X + self.P[:, : X.shape[1], :].to(X.dtype))

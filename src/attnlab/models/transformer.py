@@ -7,9 +7,12 @@ add & norm defined here. Token ids are int64,
 embedding, target embedding and output projection share one matrix
 (Press & Wolf 2017; Vaswani et al. 3.4).
 """
+
 from __future__ import annotations
 
 import math
+from collections.abc import Iterator
+from typing import cast
 
 import torch
 from torch import nn
@@ -52,6 +55,8 @@ class AddNorm(nn.Module):
 class TransformerEncoderBlock(nn.Module):
     """Self-attention → add & norm → FFN → add & norm (D2L 11.7.2)."""
 
+    attention: MultiHeadAttention
+
     def __init__(self, d_model, num_heads, ffn_hidden, dropout):
         super().__init__()
         self.attention = MultiHeadAttention(d_model, num_heads, dropout)
@@ -66,6 +71,9 @@ class TransformerEncoderBlock(nn.Module):
 
 class TransformerDecoderBlock(nn.Module):
     """Causal self-attention, encoder–decoder attention, FFN, each with add & norm (D2L 11.7.4)."""
+
+    attention1: MultiHeadAttention
+    attention2: MultiHeadAttention
 
     def __init__(self, d_model, num_heads, ffn_hidden, dropout):
         super().__init__()
@@ -120,26 +128,40 @@ class Transformer(nn.Module):
 
     kind = "transformer"
 
-    def __init__(self, vocab_size: int, d_model: int = 256, num_heads: int = 4,
-                 num_layers: int = 2, ffn_hidden: int = 512, dropout: float = 0.1,
-                 pad_id: int = 0, tie_embeddings: bool = True, max_len: int = 512,
-                 src_vocab_size: int | None = None):
+    def __init__(
+        self,
+        vocab_size: int,
+        d_model: int = 256,
+        num_heads: int = 4,
+        num_layers: int = 2,
+        ffn_hidden: int = 512,
+        dropout: float = 0.1,
+        pad_id: int = 0,
+        tie_embeddings: bool = True,
+        max_len: int = 512,
+        src_vocab_size: int | None = None,
+    ):
         super().__init__()
         if tie_embeddings and src_vocab_size is not None:
-            raise ValueError("tie_embeddings needs one joint vocabulary, but this corpus has a "
-                             "separate source vocabulary; set model.net.tie_embeddings=false")
+            raise ValueError(
+                "tie_embeddings needs one joint vocabulary, but this corpus has a "
+                "separate source vocabulary; set model.net.tie_embeddings=false"
+            )
         self.d_model = d_model
         self.src_embedding = nn.Embedding(src_vocab_size or vocab_size, d_model, padding_idx=pad_id)
-        self.tgt_embedding = (self.src_embedding if tie_embeddings
-                              else nn.Embedding(vocab_size, d_model, padding_idx=pad_id))
+        self.tgt_embedding = (
+            self.src_embedding if tie_embeddings else nn.Embedding(vocab_size, d_model, padding_idx=pad_id)
+        )
         self.pos_encoding = PositionalEncoding(d_model, dropout, max_len)
         self.encoder_blocks = nn.ModuleList(
-            TransformerEncoderBlock(d_model, num_heads, ffn_hidden, dropout) for _ in range(num_layers))
+            TransformerEncoderBlock(d_model, num_heads, ffn_hidden, dropout) for _ in range(num_layers)
+        )
         self.decoder_blocks = nn.ModuleList(
-            TransformerDecoderBlock(d_model, num_heads, ffn_hidden, dropout) for _ in range(num_layers))
+            TransformerDecoderBlock(d_model, num_heads, ffn_hidden, dropout) for _ in range(num_layers)
+        )
         self.output = nn.Linear(d_model, vocab_size, bias=False)
         for emb in [self.src_embedding] + ([] if tie_embeddings else [self.tgt_embedding]):
-            nn.init.normal_(emb.weight, std=d_model ** -0.5)
+            nn.init.normal_(emb.weight, std=d_model**-0.5)
             with torch.no_grad():
                 emb.weight[pad_id].zero_()
         if tie_embeddings:
@@ -151,14 +173,14 @@ class Transformer(nn.Module):
     def encode(self, src, src_valid_lens, need_weights=False):
         """src (B, S) int64, src_valid_lens (B,) → encoder outputs (B, S, d_model)."""
         X = self._embed(self.src_embedding, src)
-        for blk in self.encoder_blocks:
+        for blk in self._encoders():
             X = blk(X, src_valid_lens, need_weights)
         return X
 
     def decoder_states(self, tgt_in, enc_outputs, src_valid_lens, need_weights=False):
         """tgt_in (B, T) int64 (starts with <bos>) → top decoder states (B, T, d_model)."""
         X = self._embed(self.tgt_embedding, tgt_in)
-        for blk in self.decoder_blocks:
+        for blk in self._decoders():
             X = blk(X, enc_outputs, src_valid_lens, need_weights)
         return X
 
@@ -181,7 +203,15 @@ class Transformer(nn.Module):
         """Teacher-forced logits (B, T, V) for source (B, S) and shifted target (B, T)."""
         return self.output(self.features(src, src_valid_lens, tgt_in))
 
-    # --- decoding interface shared with Bahdanau (see attnlab.decoding) ---
+    # --- decoding interface shared with Bahdanau (see attnlab.inference.decoding) ---
+    def _encoders(self) -> Iterator[TransformerEncoderBlock]:
+        """The encoder blocks, bottom first (typed: an ``nn.ModuleList`` yields ``nn.Module``)."""
+        return cast("Iterator[TransformerEncoderBlock]", iter(self.encoder_blocks))
+
+    def _decoders(self) -> Iterator[TransformerDecoderBlock]:
+        """The decoder blocks, bottom first (typed: an ``nn.ModuleList`` yields ``nn.Module``)."""
+        return cast("Iterator[TransformerDecoderBlock]", iter(self.decoder_blocks))
+
     def init_state(self, src, src_valid_lens):
         """Incremental decoding state, every tensor batch-first:
         (src_valid_lens (B,), next position (B,), then per decoder layer the
@@ -190,9 +220,9 @@ class Transformer(nn.Module):
         enc = self.encode(src, src_valid_lens)
         B = src.shape[0]
         state = [src_valid_lens, torch.zeros(B, dtype=torch.long, device=src.device)]
-        for blk in self.decoder_blocks:
+        for blk in self._decoders():
             state += blk.attention2.project_kv(enc, enc)
-        for blk in self.decoder_blocks:
+        for blk in self._decoders():
             heads = blk.attention1.num_heads
             empty = enc.new_zeros(B, heads, 0, self.d_model // heads)
             state += [empty, empty]
@@ -208,9 +238,10 @@ class Transformer(nn.Module):
         enc_kv, self_kv = kv[: 2 * L], kv[2 * L :]
         X = self.pos_encoding.at(self.tgt_embedding(ys[:, -1:]) * math.sqrt(self.d_model), pos)
         new_self = []
-        for i, blk in enumerate(self.decoder_blocks):
-            X, k, v = blk.step(X, enc_kv[2 * i], enc_kv[2 * i + 1], src_valid_lens,
-                               self_kv[2 * i], self_kv[2 * i + 1])
+        for i, blk in enumerate(self._decoders()):
+            X, k, v = blk.step(
+                X, enc_kv[2 * i], enc_kv[2 * i + 1], src_valid_lens, self_kv[2 * i], self_kv[2 * i + 1]
+            )
             new_self += [k, v]
         return (self.output(X[:, -1]), src_valid_lens, pos + 1, *enc_kv, *new_self)
 
@@ -226,9 +257,11 @@ class Transformer(nn.Module):
     def attention_layers(self) -> dict[str, list[MultiHeadAttention]]:
         """The multi-head attentions by kind, each a list over layers (bottom first):
         ``encoder_self``, ``decoder_self``, ``encoder_decoder`` (the kinds of :meth:`attention_maps`)."""
-        return {"encoder_self": [b.attention for b in self.encoder_blocks],
-                "decoder_self": [b.attention1 for b in self.decoder_blocks],
-                "encoder_decoder": [b.attention2 for b in self.decoder_blocks]}
+        return {
+            "encoder_self": [b.attention for b in self._encoders()],
+            "decoder_self": [b.attention1 for b in self._decoders()],
+            "encoder_decoder": [b.attention2 for b in self._decoders()],
+        }
 
     def set_head_mask(self, masks: dict[str, torch.Tensor] | None) -> None:
         """Mask heads of every layer (Michel et al. 2019): ``masks`` maps a kind of
@@ -245,8 +278,10 @@ class Transformer(nn.Module):
         for kind, attentions in layers.items():
             mask = None if masks is None else masks.get(kind)
             if mask is not None and tuple(mask.shape) != (len(attentions), attentions[0].num_heads):
-                raise ValueError(f"{kind} head mask of shape {tuple(mask.shape)}; give (layers, heads) = "
-                                 f"({len(attentions)}, {attentions[0].num_heads})")
+                raise ValueError(
+                    f"{kind} head mask of shape {tuple(mask.shape)}; give (layers, heads) = "
+                    f"({len(attentions)}, {attentions[0].num_heads})"
+                )
             for i, attention in enumerate(attentions):
                 attention.set_head_mask(None if mask is None else mask[i])
 
@@ -259,7 +294,7 @@ class Transformer(nn.Module):
         enc = self.encode(src, src_valid_lens, need_weights=True)
         self.decoder_states(tgt_in, enc, src_valid_lens, need_weights=True)
         return {
-            "encoder_self": [b.attention.attention_weights for b in self.encoder_blocks],
-            "decoder_self": [b.attention1.attention_weights for b in self.decoder_blocks],
-            "encoder_decoder": [b.attention2.attention_weights for b in self.decoder_blocks],
+            "encoder_self": [b.attention.attention_weights for b in self._encoders()],
+            "decoder_self": [b.attention1.attention_weights for b in self._decoders()],
+            "encoder_decoder": [b.attention2.attention_weights for b in self._decoders()],
         }

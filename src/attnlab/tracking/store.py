@@ -7,6 +7,7 @@ stage, Hydra run directory and DDP rank writes to the same store.
 The training stage records its run id in ``runs/<model>.json`` so evaluate
 and export add to the same run.
 """
+
 from __future__ import annotations
 
 import json
@@ -59,7 +60,8 @@ def check_tracking_server(uri: str, timeout_s: int = 10) -> None:
         raise TrackingServerError(
             f"MLflow tracking server {uri} is unreachable ({type(e).__name__}: {reason}). "
             "Start it (e.g. `mlflow server --host 127.0.0.1 --port 5000`) or unset "
-            "MLFLOW_TRACKING_URI to track in the project's mlflow.db") from None
+            "MLFLOW_TRACKING_URI to track in the project's mlflow.db"
+        ) from None
 
 
 def prepare_store(tracking_uri: str, artifact_location: str) -> None:
@@ -86,8 +88,8 @@ def _rank() -> int:
 
 def _local_db(uri: str) -> Path | None:
     """The file of a ``sqlite:///<absolute path>`` store URI; None for every other store."""
-    if uri.startswith("sqlite:///") and Path(uri[len("sqlite:///"):]).is_absolute():
-        return Path(uri[len("sqlite:///"):])
+    if uri.startswith("sqlite:///") and Path(uri[len("sqlite:///") :]).is_absolute():
+        return Path(uri[len("sqlite:///") :])
     return None
 
 
@@ -103,8 +105,10 @@ def read_run_record(path: Path, model: str) -> dict:
     """
     path = Path(path)
     if not path.exists():
-        raise FileNotFoundError(f"{path} not found: train first with "
-                                f"`python src/train.py model={model}` or `dvc repro train@{model}`")
+        raise FileNotFoundError(
+            f"{path} not found: train first with "
+            f"`python src/train.py model={model}` or `dvc repro train@{model}`"
+        )
     record = json.loads(path.read_text())
     record["checkpoint"] = str((path.parent / record["checkpoint"]).resolve())
     if "tracking_db" in record:
@@ -112,8 +116,9 @@ def read_run_record(path: Path, model: str) -> dict:
     return record
 
 
-def write_run_record(path: Path, run_id: str, tracking_uri: str, experiment: str, checkpoint: Path,
-                     root: Path | None = None) -> Path:
+def write_run_record(
+    path: Path, run_id: str, tracking_uri: str, experiment: str, checkpoint: Path, root: Path | None = None
+) -> Path:
     """Write ``runs/<model>.json`` atomically.
 
     The checkpoint is stored relative to the record's folder; so is the store when it is the
@@ -126,9 +131,15 @@ def write_run_record(path: Path, run_id: str, tracking_uri: str, experiment: str
     path = Path(path).resolve()
     rel = os.path.relpath(Path(checkpoint).resolve(), path.parent)
     db = _local_db(tracking_uri)
-    own = (db is not None and root is not None and db.resolve().parent == Path(root).resolve()
-           and path.is_relative_to(Path(root).resolve()))
-    store = {"tracking_db": os.path.relpath(db.resolve(), path.parent)} if own else {"tracking_uri": tracking_uri}
+    own = (
+        db is not None
+        and root is not None
+        and db.resolve().parent == Path(root).resolve()
+        and path.is_relative_to(Path(root).resolve())
+    )
+    store = (
+        {"tracking_db": os.path.relpath(db.resolve(), path.parent)} if own else {"tracking_uri": tracking_uri}
+    )
     return write_json_atomic(path, {"run_id": run_id, **store, "experiment": experiment, "checkpoint": rel})
 
 
@@ -178,9 +189,12 @@ def rebase_moved_store(tracking_uri: str, artifact_location: str) -> dict[str, s
             if not folder.exists() or (its_store.exists() and not its_store.samefile(db)):
                 moved[str(folder)] = str(new)
         for old, replacement in moved.items():
-            for table, columns in ((SqlExperiment, ("artifact_location",)), (SqlRun, ("artifact_uri",)),
-                                   (SqlLoggedModel, ("artifact_location",)),
-                                   (SqlModelVersion, ("source", "storage_location"))):
+            for table, columns in (
+                (SqlExperiment, ("artifact_location",)),
+                (SqlRun, ("artifact_uri",)),
+                (SqlLoggedModel, ("artifact_location",)),
+                (SqlModelVersion, ("source", "storage_location")),
+            ):
                 for row in session.query(table).all():
                     for column in columns:
                         value = _rebased(getattr(row, column), old, replacement)
@@ -189,8 +203,13 @@ def rebase_moved_store(tracking_uri: str, artifact_location: str) -> dict[str, s
     return moved
 
 
-def log_to_run(run_id: str, uri: str, metrics: dict | None = None,
-               artifacts: list[tuple[Path, str]] | None = None, tags: dict | None = None) -> None:
+def log_to_run(
+    run_id: str,
+    uri: str,
+    metrics: dict | None = None,
+    artifacts: list[tuple[Path, str]] | None = None,
+    tags: dict | None = None,
+) -> None:
     """Add metrics, (file, artifact dir) pairs and tags (str → str) to an existing MLflow run."""
     from mlflow.tracking import MlflowClient
 

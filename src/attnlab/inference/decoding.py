@@ -13,25 +13,26 @@ search as soon as a sentence is done, greedy once the ended ones are a quarter o
 The exported artifacts (``src/export.py``) expose the same two functions, so
 the checkpoint and the export run the very same loops below.
 """
+
 from __future__ import annotations
 
 import contextlib
 import unicodedata
-from typing import Callable, Sequence
+from collections.abc import Callable, Sequence
 
 import torch
 
 from attnlab.config import has_bf16_units
 from attnlab.data.tokenizer import BOS_ID, EOS_ID, PAD_ID
 
-
 # What evaluate reports of its decoding (metrics/<model>.json → decoding).
 MAX_OUTPUT_LEN = "min(1.5 * source tokens + 10, 256) per sentence, source <eos> and output <eos> included"
 LENGTH_PENALTY = "log P(Y) / ((5 + |Y|) / 6) ** alpha, |Y| with <eos> (Wu et al. 2016, eq. 14)"
 
 
-def max_output_len(src_len: int | torch.Tensor, a: float = 1.5, b: int = 10,
-                   cap: int = 256) -> int | torch.Tensor:
+def max_output_len(
+    src_len: int | torch.Tensor, a: float = 1.5, b: int = 10, cap: int = 256
+) -> int | torch.Tensor:
     """Decoding length limit for a source of ``src_len`` tokens: ⌊a·src_len + b⌋, at most ``cap``.
 
     ``src_len`` is an int, or a (B,) int64 tensor of each sentence's own length (its
@@ -52,8 +53,10 @@ def _limits(max_len: int | torch.Tensor, src: torch.Tensor) -> tuple[torch.Tenso
     B, dev = src.shape[0], src.device
     if isinstance(max_len, torch.Tensor):
         if tuple(max_len.shape) != (B,):
-            raise ValueError(f"max_len must be an int or a ({B},) tensor, one limit per sentence "
-                             f"of src; got shape {tuple(max_len.shape)}")
+            raise ValueError(
+                f"max_len must be an int or a ({B},) tensor, one limit per sentence "
+                f"of src; got shape {tuple(max_len.shape)}"
+            )
         caps = max_len.to(device=dev, dtype=torch.long)
     else:
         caps = torch.full((B,), int(max_len), dtype=torch.long, device=dev)
@@ -72,8 +75,13 @@ def _select(state: Sequence[torch.Tensor], rows: torch.Tensor) -> list[torch.Ten
 
 
 @torch.no_grad()
-def greedy_decode(init_state: Callable, step: Callable, src: torch.Tensor,
-                  src_valid_lens: torch.Tensor, max_len: int | torch.Tensor) -> torch.Tensor:
+def greedy_decode(
+    init_state: Callable,
+    step: Callable,
+    src: torch.Tensor,
+    src_valid_lens: torch.Tensor,
+    max_len: int | torch.Tensor,
+) -> torch.Tensor:
     """Greedy (arg-max) decoding of a batch.
 
     A sentence that has ended (<eos>, or its own limit) stops being written at once, and leaves
@@ -119,16 +127,26 @@ def greedy_decode(init_state: Callable, step: Callable, src: torch.Tensor,
         n_alive = int(alive.sum())
         if n_alive and len(rows) - n_alive >= COMPACT_FRACTION * len(rows):
             keep = alive.nonzero()[:, 0]
-            rows, ys, row_caps, state = (rows.index_select(0, keep), ys.index_select(0, keep),
-                                         row_caps.index_select(0, keep), _select(state, keep))
+            rows, ys, row_caps, state = (
+                rows.index_select(0, keep),
+                ys.index_select(0, keep),
+                row_caps.index_select(0, keep),
+                _select(state, keep),
+            )
             alive = alive.index_select(0, keep)
     return out[:, :t]
 
 
 @torch.no_grad()
-def beam_search(init_state: Callable, step: Callable, src: torch.Tensor,
-                src_valid_lens: torch.Tensor, max_len: int | torch.Tensor, beam_size: int = 5,
-                alpha: float = 0.0) -> torch.Tensor:
+def beam_search(
+    init_state: Callable,
+    step: Callable,
+    src: torch.Tensor,
+    src_valid_lens: torch.Tensor,
+    max_len: int | torch.Tensor,
+    beam_size: int = 5,
+    alpha: float = 0.0,
+) -> torch.Tensor:
     """Beam search, batched over sentences (Sutskever et al. 2014; D2L 10.8.3).
 
     Each sentence keeps ``beam_size`` hypotheses ranked by summed log-probability.
@@ -192,8 +210,16 @@ def beam_search(init_state: Callable, step: Callable, src: torch.Tensor,
             if len(keep) == 0:
                 return out[:, :t]
             rows = (keep[:, None] * K + beams).reshape(-1)
-            open_, scores, first = open_.index_select(0, keep), scores.index_select(0, keep), first[:len(keep)]
-            ys, finished, lengths = ys.index_select(0, rows), finished.index_select(0, rows), lengths.index_select(0, rows)
+            open_, scores, first = (
+                open_.index_select(0, keep),
+                scores.index_select(0, keep),
+                first[: len(keep)],
+            )
+            ys, finished, lengths = (
+                ys.index_select(0, rows),
+                finished.index_select(0, rows),
+                lengths.index_select(0, rows),
+            )
             hyp_caps, state = hyp_caps.index_select(0, rows), _select(state, rows)
         logits, *new_state = step(ys, *state)
         logp = torch.log_softmax(logits.float(), dim=-1)  # (b·K, V), a fresh tensor: updated in place
@@ -259,12 +285,21 @@ def require_bf16_units(device_type: str) -> None:
         raise Bf16UnitsError(
             f"bf16 decoding (model.decoding.bf16=true) needs bf16 matrix units, and this "
             f"{device_type} has none (a CPU needs avx512_bf16 or amx_bf16, a GPU Ampere or "
-            "newer); decode in float32 (model.decoding.bf16=false)")
+            "newer); decode in float32 (model.decoding.bf16=false)"
+        )
 
 
-def translate(init_state: Callable, step: Callable, tokenizer, sentences: Sequence[str],
-              batch_size: int = 128, device: torch.device | str = "cpu",
-              beam_size: int = 1, alpha: float = 0.0, bf16: bool = False) -> list[list[int]]:
+def translate(
+    init_state: Callable,
+    step: Callable,
+    tokenizer,
+    sentences: Sequence[str],
+    batch_size: int = 128,
+    device: torch.device | str = "cpu",
+    beam_size: int = 1,
+    alpha: float = 0.0,
+    bf16: bool = False,
+) -> list[list[int]]:
     """Decode ``sentences`` in batches of similar length; ids per sentence, input order.
 
     Greedy with ``beam_size=1``, else :func:`beam_search` with length penalty
@@ -291,12 +326,14 @@ def translate(init_state: Callable, step: Callable, tokenizer, sentences: Sequen
         require_bf16_units(device.type)
     # bf16=False leaves the caller's autocast as it is (Lightning's bf16-mixed validation keeps it).
     with torch.autocast(device.type, dtype=torch.bfloat16) if bf16 else contextlib.nullcontext():
-        return _translate_batches(init_state, step, tokenizer, sentences, batch_size, device,
-                                  beam_size, alpha)
+        return _translate_batches(
+            init_state, step, tokenizer, sentences, batch_size, device, beam_size, alpha
+        )
 
 
-def _translate_batches(init_state, step, tokenizer, sentences, batch_size, device, beam_size,
-                       alpha) -> list[list[int]]:
+def _translate_batches(
+    init_state, step, tokenizer, sentences, batch_size, device, beam_size, alpha
+) -> list[list[int]]:
     """:func:`translate`'s batches, decoded as the caller's autocast setting says."""
     order = sorted(range(len(sentences)), key=lambda i: len(sentences[i]))
     out: list[list[int]] = [[] for _ in sentences]
@@ -317,9 +354,21 @@ def _translate_batches(init_state, step, tokenizer, sentences, batch_size, devic
     return out
 
 
-def translate_text(init_state: Callable, step: Callable, tokenizer, sentences: Sequence[str],
-                   batch_size: int = 128, device: torch.device | str = "cpu",
-                   beam_size: int = 1, alpha: float = 0.0, bf16: bool = False) -> list[str]:
+def translate_text(
+    init_state: Callable,
+    step: Callable,
+    tokenizer,
+    sentences: Sequence[str],
+    batch_size: int = 128,
+    device: torch.device | str = "cpu",
+    beam_size: int = 1,
+    alpha: float = 0.0,
+    bf16: bool = False,
+) -> list[str]:
     """:func:`translate`, detokenized: one translation string per sentence, input order."""
-    return [tokenizer.decode(ids) for ids in translate(
-        init_state, step, tokenizer, sentences, batch_size, device, beam_size, alpha, bf16)]
+    return [
+        tokenizer.decode(ids)
+        for ids in translate(
+            init_state, step, tokenizer, sentences, batch_size, device, beam_size, alpha, bf16
+        )
+    ]

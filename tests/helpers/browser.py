@@ -7,6 +7,7 @@ endpoints that app calls. A run whose artifact location is a local folder (<proj
 has its files listed by /ajax-api/…/artifacts/list and sent by /get-artifact, both read from
 that folder. Headless Chromium then loads the app itself.
 """
+
 from __future__ import annotations
 
 import collections
@@ -35,8 +36,10 @@ def find_browser() -> str:
     for name in BROWSERS:
         if path := shutil.which(name):
             return path
-    pytest.skip(f"no Chromium on PATH (looked for {', '.join(BROWSERS)}); "
-                "install one (Debian: `apt-get install chromium`) to run the browser check")
+    pytest.skip(
+        f"no Chromium on PATH (looked for {', '.join(BROWSERS)}); "
+        "install one (Debian: `apt-get install chromium`) to run the browser check"
+    )
 
 
 def free_port() -> int:
@@ -55,12 +58,29 @@ def mlflow_ui(store: Path, folder: Path, env: dict):
     """
     port = free_port()
     url, log = f"http://127.0.0.1:{port}", folder / "mlflow-ui.log"
-    cmd = [sys.executable, "-m", "mlflow", "ui", "--backend-store-uri", f"sqlite:///{store}",
-           "--host", "127.0.0.1", "--port", str(port), "--workers", "1"]
+    cmd = [
+        sys.executable,
+        "-m",
+        "mlflow",
+        "ui",
+        "--backend-store-uri",
+        f"sqlite:///{store}",
+        "--host",
+        "127.0.0.1",
+        "--port",
+        str(port),
+        "--workers",
+        "1",
+    ]
     with open(log, "wb") as out:
-        proc = subprocess.Popen(cmd, cwd=folder, stdout=out, stderr=subprocess.STDOUT,
-                                env={**env, "MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false"},
-                                start_new_session=True)
+        proc = subprocess.Popen(
+            cmd,
+            cwd=folder,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            env={**env, "MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false"},
+            start_new_session=True,
+        )
     try:
         deadline = time.monotonic() + 120
         while True:
@@ -71,7 +91,8 @@ def mlflow_ui(store: Path, folder: Path, env: dict):
                         break
             except OSError:
                 assert time.monotonic() < deadline, (
-                    f"mlflow ui not healthy after 120 s:\n{log.read_text()[-3000:]}")
+                    f"mlflow ui not healthy after 120 s:\n{log.read_text()[-3000:]}"
+                )
                 time.sleep(0.3)
         yield url
     finally:
@@ -94,8 +115,9 @@ def http(url: str, body: dict | None = None, **query) -> bytes:
         return r.read()
 
 
-def chromium(browser: str, url: str, profile: Path, *action: str,
-             window: tuple[int, int] = WINDOW) -> subprocess.CompletedProcess:
+def chromium(
+    browser: str, url: str, profile: Path, *action: str, window: tuple[int, int] = WINDOW
+) -> subprocess.CompletedProcess:
     """Headless Chromium loads `url` and does `action` (`--dump-dom`, `--screenshot=…`,
     `--enable-logging=stderr --v=0` to print the page's console messages to stderr).
 
@@ -103,9 +125,19 @@ def chromium(browser: str, url: str, profile: Path, *action: str,
     time (paused while requests are pending) before the action, so the React app has
     rendered. `--no-sandbox`: CI runs as root, where Chromium's sandbox refuses to start.
     """
-    cmd = [browser, "--headless=new", "--no-sandbox", "--disable-gpu", "--no-first-run",
-           "--hide-scrollbars", f"--user-data-dir={profile}",
-           f"--window-size={window[0]},{window[1]}", "--virtual-time-budget=20000", *action, url]
+    cmd = [
+        browser,
+        "--headless=new",
+        "--no-sandbox",
+        "--disable-gpu",
+        "--no-first-run",
+        "--hide-scrollbars",
+        f"--user-data-dir={profile}",
+        f"--window-size={window[0]},{window[1]}",
+        "--virtual-time-budget=20000",
+        *action,
+        url,
+    ]
     return subprocess.run(cmd, capture_output=True, text=True, timeout=120)
 
 
@@ -124,14 +156,28 @@ class DevTools:
     def __init__(self, browser: str, profile: Path, window: tuple[int, int] = WINDOW):
         to_read, self._to = os.pipe()  # we write, Chromium reads on fd 3
         self._from, from_write = os.pipe()  # Chromium writes on fd 4
-        args = [browser, "--headless=new", "--no-sandbox", "--disable-gpu", "--no-first-run",
-                "--hide-scrollbars", f"--user-data-dir={profile}",
-                f"--window-size={window[0]},{window[1]}", "--remote-debugging-pipe", "about:blank"]
-        self._log = open(Path(profile).parent / f"{Path(profile).name}-chromium.log", "wb")
+        args = [
+            browser,
+            "--headless=new",
+            "--no-sandbox",
+            "--disable-gpu",
+            "--no-first-run",
+            "--hide-scrollbars",
+            f"--user-data-dir={profile}",
+            f"--window-size={window[0]},{window[1]}",
+            "--remote-debugging-pipe",
+            "about:blank",
+        ]
+        log_path = Path(profile).parent / f"{Path(profile).name}-chromium.log"
+        self._log = open(log_path, "wb")  # noqa: SIM115 - Chromium's stdout while it runs; __exit__ closes it
         self._proc = subprocess.Popen(
             ["bash", "-c", f'exec "$@" 3<&{to_read} 4>&{from_write}', "bash", *args],
-            pass_fds=(to_read, from_write), stdin=subprocess.DEVNULL, stdout=self._log,
-            stderr=subprocess.STDOUT, start_new_session=True)
+            pass_fds=(to_read, from_write),
+            stdin=subprocess.DEVNULL,
+            stdout=self._log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
         os.close(to_read)
         os.close(from_write)
         self._attach(self._to, self._from)
@@ -184,8 +230,7 @@ class DevTools:
         for domain in ("Runtime.enable", "Page.enable", "Log.enable", "Network.enable"):
             with contextlib.suppress(RuntimeError):  # an iframe session has no Page domain
                 self.call(domain, session)
-        self.call("Target.setAutoAttach", session, autoAttach=True, waitForDebuggerOnStart=True,
-                  flatten=True)
+        self.call("Target.setAutoAttach", session, autoAttach=True, waitForDebuggerOnStart=True, flatten=True)
 
     def call(self, method: str, session: str | None = None, timeout: float = 30, **params) -> dict:
         """Send one command (to `session`, or to the browser) and return its result.
@@ -236,8 +281,9 @@ class DevTools:
 
     def evaluate(self, session: str, expression: str):
         """The value of a JavaScript expression in `session`'s page (promises awaited)."""
-        result = self.call("Runtime.evaluate", session, expression=expression,
-                           returnByValue=True, awaitPromise=True)
+        result = self.call(
+            "Runtime.evaluate", session, expression=expression, returnByValue=True, awaitPromise=True
+        )
         if "exceptionDetails" in result:
             raise RuntimeError(f"{expression!r} threw {result['exceptionDetails']}")
         return result["result"].get("value")
@@ -259,8 +305,9 @@ class DevTools:
                 continue
             p = e.get("params", {})
             if e.get("method") == "Runtime.consoleAPICalled":
-                out.append((p["type"], " ".join(str(a.get("value", a.get("description", "")))
-                                                for a in p["args"])))
+                out.append(
+                    (p["type"], " ".join(str(a.get("value", a.get("description", ""))) for a in p["args"]))
+                )
             elif e.get("method") == "Runtime.exceptionThrown":
                 d = p["exceptionDetails"]
                 out.append(("exception", d.get("exception", {}).get("description") or d["text"]))

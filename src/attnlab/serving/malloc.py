@@ -12,6 +12,7 @@ speed (44.5 and 45.4 sentences/s). The same cap as ``MALLOC_ARENA_MAX=2`` in the
 server's environment, set by the served model itself so that any ``mlflow models serve``
 or MLflow-built container gets it (``ATTNLAB_MALLOC_ARENAS`` sets another cap, 0 none).
 """
+
 from __future__ import annotations
 
 import ctypes
@@ -48,13 +49,17 @@ def cap_malloc_arenas(arenas: int | None = None) -> bool:
         try:
             arenas = int(value)
         except ValueError:
-            raise ValueError(f"{ENV}={value!r}: give a number of malloc arenas (0 leaves glibc's "
-                             "default)") from None
+            raise ValueError(
+                f"{ENV}={value!r}: give a number of malloc arenas (0 leaves glibc's default)"
+            ) from None
     if arenas < 0:
         raise ValueError(f"arenas={arenas}: give 1 or more malloc arenas, or 0 to leave glibc's default")
-    if (arenas == 0 or "MALLOC_ARENA_MAX" in os.environ
-            or "glibc.malloc.arena_max" in os.environ.get("GLIBC_TUNABLES", "")
-            or platform.libc_ver()[0] != "glibc"):
+    if (
+        arenas == 0
+        or "MALLOC_ARENA_MAX" in os.environ
+        or "glibc.malloc.arena_max" in os.environ.get("GLIBC_TUNABLES", "")
+        or platform.libc_ver()[0] != "glibc"
+    ):
         return False
     libc = ctypes.CDLL(ctypes.util.find_library("c"))
     return libc.mallopt(M_ARENA_MAX, arenas) == 1

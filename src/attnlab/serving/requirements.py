@@ -1,17 +1,17 @@
 """The served model's ``requirements.txt``, derived from what its code imports.
 
 :func:`served_requirements` pins everything the served code imports
-(:func:`served_imports`: ``src/attnlab/serving.py`` and, transitively, the attnlab
-modules it reaches), so the model that :func:`attnlab.export.registry.log_served_model`
+(:func:`served_imports`: ``src/attnlab/serving/model.py`` and, transitively, the attnlab
+modules it reaches), so the model that :func:`attnlab.serving.registry.log_served_model`
 logs loads in a fresh environment built from that file alone.
 """
+
 from __future__ import annotations
 
 from pathlib import Path
 
-# This file is src/attnlab/export/requirements.py: serving.py is one folder up.
-SERVING_CODE = Path(__file__).parent.with_name("serving.py")  # the "models from code" file
-PACKAGE_DIR = SERVING_CODE.parent  # the attnlab package: the served model's code path
+SERVING_CODE = Path(__file__).with_name("model.py")  # the "models from code" file, beside this one
+PACKAGE_DIR = SERVING_CODE.parents[1]  # the attnlab package: the served model's code path
 # Top-level module → its pip distribution, for modules that several installed distributions
 # provide and that are not named like one of them (see served_requirements).
 SERVED_DISTRIBUTIONS: dict[str, str] = {}
@@ -63,13 +63,11 @@ def _imports_in(path: Path, module: str) -> list[tuple[str, bool]]:
         elif isinstance(node, ast.ImportFrom):
             base = node.module or ""
             if node.level:  # relative: from .x import y
-                base = ".".join(package[:len(package) - node.level + 1] + ([base] if base else []))
+                base = ".".join(package[: len(package) - node.level + 1] + ([base] if base else []))
             found.append((base, optional))
-            found.extend((f"{base}.{alias.name}", optional)
-                         for alias in node.names if alias.name != "*")
+            found.extend((f"{base}.{alias.name}", optional) for alias in node.names if alias.name != "*")
         for child in ast.iter_child_nodes(node):
-            in_try = (isinstance(node, ast.Try) and child in node.body
-                      and _catches_import_error(node))
+            in_try = isinstance(node, ast.Try) and child in node.body and _catches_import_error(node)
             visit(child, optional or in_try)
 
     visit(tree, False)
@@ -97,8 +95,11 @@ def served_imports(entry: Path = SERVING_CODE, package_dir: Path = PACKAGE_DIR) 
     package_dir = Path(package_dir).resolve()
     package = package_dir.name
     entry = Path(entry).resolve()
-    module = (".".join((package, *entry.relative_to(package_dir).with_suffix("").parts))
-              if entry.is_relative_to(package_dir) else entry.stem)
+    module = (
+        ".".join((package, *entry.relative_to(package_dir).with_suffix("").parts))
+        if entry.is_relative_to(package_dir)
+        else entry.stem
+    )
     todo = [(entry, module)]
     seen: set[Path] = set()
     third_party: dict[str, bool] = {}
@@ -156,18 +157,27 @@ def served_requirements(entry: Path = SERVING_CODE, package_dir: Path = PACKAGE_
             raise ServedRequirementsError(
                 f"the served code ({package_dir}) imports `{module}`, which no installed "
                 "distribution provides, so the served model's requirements.txt cannot pin it. "
-                f"Install it in this environment (add it to pyproject.toml) or remove the import")
-        dist = (norm(SERVED_DISTRIBUTIONS[module]) if module in SERVED_DISTRIBUTIONS
-                else norm(module) if norm(module) in dists else dists[0] if len(dists) == 1
-                else None)
+                f"Install it in this environment (add it to pyproject.toml) or remove the import"
+            )
+        dist = (
+            norm(SERVED_DISTRIBUTIONS[module])
+            if module in SERVED_DISTRIBUTIONS
+            else norm(module)
+            if norm(module) in dists
+            else dists[0]
+            if len(dists) == 1
+            else None
+        )
         if dist is None:
             raise ServedRequirementsError(
                 f"the served code imports `{module}`, which several installed distributions "
                 f"provide ({', '.join(dists)}); add the one to install to "
-                "attnlab.export.requirements.SERVED_DISTRIBUTIONS")
+                "attnlab.serving.requirements.SERVED_DISTRIBUTIONS"
+            )
         try:
             pins[dist] = version(dist).split("+")[0]
         except PackageNotFoundError as e:  # metadata without a version: a broken install
-            raise ServedRequirementsError(f"`{module}` comes from {dist}, whose version is "
-                                          f"unknown; reinstall it ({e})") from e
+            raise ServedRequirementsError(
+                f"`{module}` comes from {dist}, whose version is unknown; reinstall it ({e})"
+            ) from e
     return [f"{dist}=={v}" for dist, v in sorted(pins.items())]

@@ -1,5 +1,6 @@
 """Figures of head importance (Michel et al. 2019): a layers × heads map per attention kind and
 the score as heads are pruned (matplotlib, Agg backend, PNG)."""
+
 from __future__ import annotations
 
 from pathlib import Path
@@ -7,7 +8,7 @@ from pathlib import Path
 import matplotlib
 
 matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402
+import matplotlib.pyplot as plt
 
 
 def importance_map(grid: dict[str, list[list[float]]], path: Path, score_name: str = "BLEU") -> Path:
@@ -15,7 +16,7 @@ def importance_map(grid: dict[str, list[list[float]]], path: Path, score_name: s
     each layer (rows, from 1) and head (columns, from 1), the value written in each cell.
 
     Args:
-        grid: kind → (layers × heads) importances (:func:`attnlab.heads.importance_grid`).
+        grid: kind → (layers × heads) importances (:func:`attnlab.analysis.heads.importance_grid`).
     Returns:
         ``path``, the PNG written.
     """

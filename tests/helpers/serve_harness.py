@@ -14,8 +14,10 @@ drives the server the way a user's HTTP clients do, over loopback only.
   counts by status and the RSS growth.
 Every loop here is bounded in count and in time.
 """
+
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import random
@@ -38,7 +40,7 @@ from attnlab.data.batching import collate
 from attnlab.data.tokenizer import PAD_ID, train_sentencepiece
 from attnlab.export.trace import export_translation
 from attnlab.models.transformer import Transformer
-from corpus_fixture import sentences
+from helpers.corpus_fixture import sentences
 
 PAIRS = [(en, fr) for en, fr, _ in sentences()]
 
@@ -64,9 +66,14 @@ def tiny_export(tmp: Path, decoding: dict, max_input_chars: int, **limits) -> Pa
     ``limits`` go to :func:`attnlab.export.trace.export_translation` (``max_request_sentences``, …).
     """
     sp = train_sentencepiece([s for pair in PAIRS for s in pair], tmp / "spm", vocab_size=120)
-    return export_translation(learned_transformer(sp), tmp / "spm.model", tmp / "export",
-                              {"model": "transformer", "decoding": decoding}, max_input_chars,
-                              **limits)
+    return export_translation(
+        learned_transformer(sp),
+        tmp / "spm.model",
+        tmp / "export",
+        {"model": "transformer", "decoding": decoding},
+        max_input_chars,
+        **limits,
+    )
 
 
 def free_port() -> int:
@@ -91,8 +98,14 @@ def post(url: str, payload: dict | bytes, timeout: float = 90) -> tuple[int, dic
         return status, raw.decode("utf-8", "replace")
 
 
-def start_server(model_uri: str, tracking_uri: str, log_path: Path, env: dict | None = None,
-                 workers: int | None = None, up_timeout_s: float = 180) -> tuple[subprocess.Popen, str]:
+def start_server(
+    model_uri: str,
+    tracking_uri: str,
+    log_path: Path,
+    env: dict | None = None,
+    workers: int | None = None,
+    up_timeout_s: float = 180,
+) -> tuple[subprocess.Popen, str]:
     """Start ``mlflow models serve -m model_uri --env-manager local`` on a free loopback port.
 
     Returns (the server process, leader of its own process group; its base URL) once
@@ -105,34 +118,48 @@ def start_server(model_uri: str, tracking_uri: str, log_path: Path, env: dict | 
     # The server execs `uvicorn` from PATH: the venv's bin/, as in an activated venv.
     path = os.pathsep.join([os.path.dirname(sys.executable), os.environ.get("PATH", "")])
     full_env = {**os.environ, "MLFLOW_TRACKING_URI": tracking_uri, "PATH": path, **(env or {})}
-    cmd = [sys.executable, "-m", "mlflow", "models", "serve", "-m", model_uri,
-           # `local`: this venv, no environment to build (tests/test_served_env.py builds the
-           # model's own environment from its requirements.txt and translates in it).
-           "--env-manager", "local", "-p", str(port), "--host", "127.0.0.1"]
+    cmd = [
+        sys.executable,
+        "-m",
+        "mlflow",
+        "models",
+        "serve",
+        "-m",
+        model_uri,
+        # `local`: this venv, no environment to build (tests/test_served_env.py builds the
+        # model's own environment from its requirements.txt and translates in it).
+        "--env-manager",
+        "local",
+        "-p",
+        str(port),
+        "--host",
+        "127.0.0.1",
+    ]
     if workers:
         cmd += ["-w", str(workers)]
-    log = open(log_path, "w+")
-    server = subprocess.Popen(cmd, env=full_env, stdout=log, stderr=subprocess.STDOUT,
-                              start_new_session=True)
-    base = f"http://127.0.0.1:{port}"
-    t0 = time.perf_counter()
-    try:
-        while True:
-            if server.poll() is not None or time.perf_counter() - t0 > up_timeout_s:
-                log.seek(0)
-                raise RuntimeError(f"`{' '.join(cmd)}` not up after {time.perf_counter() - t0:.0f} s "
-                                   f"(exit code {server.returncode}):\n{log.read()[-3000:]}")
-            try:
-                with urllib.request.urlopen(f"{base}/ping", timeout=2) as r:
-                    if r.status == 200:
-                        return server, base
-            except OSError:
-                time.sleep(0.5)
-    except BaseException:
-        stop_server(server)
-        raise
-    finally:
-        log.close()
+    with open(log_path, "w+") as log:
+        server = subprocess.Popen(
+            cmd, env=full_env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
+        )
+        base = f"http://127.0.0.1:{port}"
+        t0 = time.perf_counter()
+        try:
+            while True:
+                if server.poll() is not None or time.perf_counter() - t0 > up_timeout_s:
+                    log.seek(0)
+                    raise RuntimeError(
+                        f"`{' '.join(cmd)}` not up after {time.perf_counter() - t0:.0f} s "
+                        f"(exit code {server.returncode}):\n{log.read()[-3000:]}"
+                    )
+                try:
+                    with urllib.request.urlopen(f"{base}/ping", timeout=2) as r:
+                        if r.status == 200:
+                            return server, base
+                except OSError:
+                    time.sleep(0.5)
+        except BaseException:
+            stop_server(server)
+            raise
 
 
 def stop_server(server: subprocess.Popen) -> None:
@@ -158,15 +185,14 @@ def tree_rss(pid: int) -> int:
         return 0
     total = 0
     for p in procs:
-        try:
+        with contextlib.suppress(psutil.NoSuchProcess):
             total += p.memory_info().rss
-        except psutil.NoSuchProcess:
-            pass
     return total
 
 
 class RssSampler(threading.Thread):
-    """Samples :func:`tree_rss` of ``pid`` every ``interval_s`` until :meth:`stop` (at most ``max_samples``)."""
+    """Samples :func:`tree_rss` of ``pid`` every ``interval_s`` until :meth:`stop` (at most
+    ``max_samples``)."""
 
     def __init__(self, pid: int, interval_s: float = 0.1, max_samples: int = 100_000):
         super().__init__(daemon=True)
@@ -189,18 +215,21 @@ class RssSampler(threading.Thread):
 def invalid_requests(translator) -> list[tuple[str, bytes, list[str]]]:
     """The invalid requests a load mixes in: (name, raw body, words its 4xx message must contain).
 
-    Built from ``translator``'s limits (an :class:`attnlab.export.translator.Translator` of the served
+    Built from ``translator``'s limits (an :class:`attnlab.serving.translator.Translator` of the served
     export). The first seven are answered by MLflow's scoring server itself (its messages);
-    the others by the pyfunc (:meth:`attnlab.export.translator.Translator.check_request`).
+    the others by the pyfunc (:meth:`attnlab.serving.translator.Translator.check_request`).
     """
+
     def body(obj) -> bytes:
         return json.dumps(obj).encode()
 
     chars, n_max = translator.max_input_chars, translator.max_request_sentences
     full = translator.max_request_chars // chars + 1  # this many full-length sentences: too many chars
     rng = random.Random(0)
-    dense = ["".join(rng.choice("etaoinsrl") for _ in range(chars))
-             for _ in range(translator.max_request_chars // chars)]  # few characters per token
+    dense = [
+        "".join(rng.choice("etaoinsrl") for _ in range(chars))
+        for _ in range(translator.max_request_chars // chars)
+    ]  # few characters per token
     cases = [
         ("bad_json", b'{"inputs": ["A dog runs.",', ["valid JSON"]),
         ("not_utf8", b'{"inputs": ["\xff\xfe"]}', ["valid JSON"]),
@@ -210,26 +239,51 @@ def invalid_requests(translator) -> list[tuple[str, bytes, list[str]]]:
         ("null_item", body({"inputs": [None]}), ["expected type str", "got NoneType"]),
         ("nested_list", body({"inputs": [["A dog runs."]]}), ["expected type str", "got list"]),
         ("empty_list", body({"inputs": []}), ["no sentences", "at least one"]),
-        ("too_long", body({"inputs": ["A dog runs.", "x" * (chars + 1)]}),
-         ["input 1", f"{chars + 1} characters", f"at most {chars}", "max_input_chars", "split"]),
-        ("too_many", body({"inputs": ["A dog runs."] * (n_max + 1)}),
-         [f"{n_max + 1} sentences", f"at most {n_max}", "serving.max_request_sentences", "split"]),
+        (
+            "too_long",
+            body({"inputs": ["A dog runs.", "x" * (chars + 1)]}),
+            ["input 1", f"{chars + 1} characters", f"at most {chars}", "max_input_chars", "split"],
+        ),
+        (
+            "too_many",
+            body({"inputs": ["A dog runs."] * (n_max + 1)}),
+            [f"{n_max + 1} sentences", f"at most {n_max}", "serving.max_request_sentences", "split"],
+        ),
     ]
     if full <= n_max:
-        cases.append(("too_many_chars", body({"inputs": [("A dog runs. " * chars)[:chars]] * full}),
-                      [f"{full * chars} characters", f"at most {translator.max_request_chars}",
-                       "serving.max_request_chars", "split"]))
+        cases.append(
+            (
+                "too_many_chars",
+                body({"inputs": [("A dog runs. " * chars)[:chars]] * full}),
+                [
+                    f"{full * chars} characters",
+                    f"at most {translator.max_request_chars}",
+                    "serving.max_request_chars",
+                    "split",
+                ],
+            )
+        )
     tokens = sum(len(ids) for ids in translator.tokenizer.encode(dense))
     if tokens > translator.max_request_tokens and len(dense) <= n_max:
-        cases.append(("too_many_tokens", body({"inputs": dense}),
-                      [f"{tokens} sentencepiece tokens", f"at most {translator.max_request_tokens}",
-                       "serving.max_request_tokens", "split"]))
+        cases.append(
+            (
+                "too_many_tokens",
+                body({"inputs": dense}),
+                [
+                    f"{tokens} sentencepiece tokens",
+                    f"at most {translator.max_request_tokens}",
+                    "serving.max_request_tokens",
+                    "split",
+                ],
+            )
+        )
     return cases
 
 
 @dataclass
 class Result:
     """One request of a load: what was sent, what came back, how long it took."""
+
     kind: str  # "valid" or the name of an invalid request
     n_sentences: int
     status: int
@@ -240,22 +294,33 @@ class Result:
 @dataclass
 class Load:
     """What :func:`run_load` did: the results in completion order, and its wall time."""
+
     results: list[Result] = field(default_factory=list)
     wall_s: float = 0.0
     rss: list[tuple[float, int]] = field(default_factory=list)
 
 
-def run_load(base: str, server_pid: int, pool: list[str], expected: dict[str, str] | None,
-             invalid: list[tuple[str, bytes, list[str]]], clients: int = 4,
-             requests_per_client: int = 10, max_sentences: int = 32, invalid_every: int = 4,
-             seed: int = 0, request_timeout_s: float = 120, deadline_s: float = 600,
-             translator=None) -> Load:
+def run_load(
+    base: str,
+    server_pid: int,
+    pool: list[str],
+    expected: dict[str, str] | None,
+    invalid: list[tuple[str, bytes, list[str]]],
+    clients: int = 4,
+    requests_per_client: int = 10,
+    max_sentences: int = 32,
+    invalid_every: int = 4,
+    seed: int = 0,
+    request_timeout_s: float = 120,
+    deadline_s: float = 600,
+    translator=None,
+) -> Load:
     """Send ``clients`` × ``requests_per_client`` requests from ``clients`` threads at once.
 
     Client c's requests come from ``random.Random(seed + c)``: every ``invalid_every``-th
     one is the next of ``invalid`` (round robin over all clients), the others
     1–``max_sentences`` sentences drawn from ``pool`` (with a ``translator``, the last ones
-    dropped while the request is over that :class:`attnlab.export.translator.Translator`'s
+    dropped while the request is over that :class:`attnlab.serving.translator.Translator`'s
     per-request limits). A valid answer is right when it is HTTP 200 with one translation
     per sentence equal to ``expected[sentence]`` (any strings when ``expected`` is None);
     an invalid one when it is a 4xx whose message contains each of its words
@@ -309,7 +374,7 @@ def run_load(base: str, server_pid: int, pool: list[str], expected: dict[str, st
 
 def _fits(translator, batch: list[str]) -> bool:
     """Whether ``batch`` is within ``translator``'s per-request limits."""
-    from attnlab.export.translator import RequestTooLargeError
+    from attnlab.serving.translator import RequestTooLargeError
 
     try:
         translator.check_request(batch)
@@ -318,8 +383,9 @@ def _fits(translator, batch: list[str]) -> bool:
         return False
 
 
-def _judge(name: str, batch: list[str] | None, status: int, body, words: list[str],
-           expected: dict[str, str] | None) -> str | None:
+def _judge(
+    name: str, batch: list[str] | None, status: int, body, words: list[str], expected: dict[str, str] | None
+) -> str | None:
     """Why the answer to one request is wrong, or None."""
     if name == "valid":
         if status != 200:
@@ -362,19 +428,25 @@ def summarize(load: Load) -> dict:
     q = max(1, len(rss) // 4)
     first, last = sum(rss[:q]) / q if rss else 0, sum(rss[-q:]) / q if rss else 0
     return {
-        "requests": len(load.results), "valid_ok": len(valid),
+        "requests": len(load.results),
+        "valid_ok": len(valid),
         "invalid": sum(r.kind != "valid" for r in load.results),
         "wrong_answers": sum(r.problem is not None for r in load.results),
         "by_status": dict(sorted(by_status.items())),
-        "p50_ms": round(percentile(lat, 50), 1), "p95_ms": round(percentile(lat, 95), 1),
-        "p99_ms": round(percentile(lat, 99), 1), "max_ms": round(max(lat, default=0), 1),
+        "p50_ms": round(percentile(lat, 50), 1),
+        "p95_ms": round(percentile(lat, 95), 1),
+        "p99_ms": round(percentile(lat, 99), 1),
+        "max_ms": round(max(lat, default=0), 1),
         "sentences": sum(r.n_sentences for r in valid),
-        "sentences_per_s": round(sum(r.n_sentences for r in valid) / load.wall_s, 2)
-        if load.wall_s else 0.0,
-        "wall_s": round(load.wall_s, 1), "rss_samples": len(rss),
-        "rss_first_quarter_mb": round(first / 2**20, 1), "rss_last_quarter_mb": round(last / 2**20, 1),
+        "sentences_per_s": round(sum(r.n_sentences for r in valid) / load.wall_s, 2) if load.wall_s else 0.0,
+        "wall_s": round(load.wall_s, 1),
+        "rss_samples": len(rss),
+        "rss_first_quarter_mb": round(first / 2**20, 1),
+        "rss_last_quarter_mb": round(last / 2**20, 1),
         "rss_growth": round(last / first - 1, 4) if first else None,
-        "rss_mb_by_tenth": [round(sum(part) / len(part) / 2**20) for part in
-                            (rss[i * len(rss) // 10: (i + 1) * len(rss) // 10] for i in range(10))
-                            if part],
+        "rss_mb_by_tenth": [
+            round(sum(part) / len(part) / 2**20)
+            for part in (rss[i * len(rss) // 10 : (i + 1) * len(rss) // 10] for i in range(10))
+            if part
+        ],
     }

@@ -18,6 +18,7 @@ exits before (Ctrl-C; SIGTERM while training, which train.py turns into an exit)
 command again with ``hydra.sweep.dir=<that sweep dir>`` reopens them, and each job resumes
 from its own ``last.ckpt`` in its own MLflow run (attnlab.lit.resume).
 """
+
 from __future__ import annotations
 
 import atexit
@@ -37,7 +38,7 @@ from hydra.experimental.callback import Callback
 from hydra.types import RunMode
 from omegaconf import DictConfig, OmegaConf
 
-from attnlab.tracking import check_tracking_server
+from attnlab.tracking.store import check_tracking_server
 
 log = logging.getLogger(__name__)
 
@@ -49,6 +50,7 @@ _MAX_TAG, _MAX_NAME = 5000, 250  # MLflow allows 8000 characters per tag value, 
 class SweepJob:
     """What a sweep job adds to its MLflow run: ``tags`` (``mlflow.parentRunId``, ``sweep.*``)
     and ``name_suffix`` (``-job1 model.net.d_model=32``: siblings get different names)."""
+
     tags: dict[str, str] = field(default_factory=dict)
     name_suffix: str = ""
 
@@ -82,14 +84,22 @@ def sweep_job(cfg: DictConfig) -> SweepJob:
     moved = redirect_outputs(cfg, Path(hc.runtime.output_dir), overrides)
     sweep_dir = _sweep_dir(hc)
     swept = swept_overrides(overrides, sweep_overrides(sweep_dir))
-    tags = {"sweep.dir": str(sweep_dir), "sweep.job": str(hc.job.num),
-            "sweep.overrides": " ".join(overrides if swept is None else swept)[:_MAX_TAG]}
+    tags = {
+        "sweep.dir": str(sweep_dir),
+        "sweep.job": str(hc.job.num),
+        "sweep.overrides": " ".join(overrides if swept is None else swept)[:_MAX_TAG],
+    }
     try:
         tags[MLFLOW_PARENT_RUN_ID] = ensure_parent(cfg, sweep_dir)
     except Exception as e:  # noqa: BLE001 - tracking must never stop training
         log.warning("no MLflow parent run for this sweep job (%s: %s)", type(e).__name__, str(e)[:300])
-    log.info("sweep job %s: outputs in %s (%s); MLflow parent run %s", hc.job.num, hc.runtime.output_dir,
-             ", ".join(moved) or "none moved", tags.get(MLFLOW_PARENT_RUN_ID))
+    log.info(
+        "sweep job %s: outputs in %s (%s); MLflow parent run %s",
+        hc.job.num,
+        hc.runtime.output_dir,
+        ", ".join(moved) or "none moved",
+        tags.get(MLFLOW_PARENT_RUN_ID),
+    )
     return SweepJob(tags, f"-job{hc.job.num}" + (f" {' '.join(swept)}" if swept else ""))
 
 
@@ -105,7 +115,8 @@ def _refuse_subprocess_ddp(cfg: DictConfig) -> None:
         raise SweepConfigError(
             f"device.strategy={strategy} with devices={dev.get('devices')} cannot run in a Hydra multirun: "
             "Lightning starts each extra rank by re-running the command line, -m included, which would "
-            "start the whole sweep again in every rank. Run DDP trainings one at a time, without -m")
+            "start the whole sweep again in every rank. Run DDP trainings one at a time, without -m"
+        )
 
 
 def redirect_outputs(cfg: DictConfig, job_dir: Path, overrides: list[str]) -> list[str]:
@@ -137,7 +148,9 @@ def sweep_overrides(sweep_dir: Path) -> list[str] | None:
     if not path.exists():
         return None
     hydra = OmegaConf.to_container(OmegaConf.load(path).hydra, resolve=False)
-    return [f"{k}={v}" for k, v in (hydra["sweeper"].get("params") or {}).items()] + hydra["overrides"]["task"]
+    return [f"{k}={v}" for k, v in (hydra["sweeper"].get("params") or {}).items()] + hydra["overrides"][
+        "task"
+    ]
 
 
 def swept_overrides(job_overrides: list[str], sweep: list[str] | None) -> list[str] | None:
@@ -161,7 +174,8 @@ def sweep_models(sweep: list[str], model: str) -> str:
 
 
 def _parent_name(sweep_dir: Path) -> str:
-    """``sweep-2026-11-29_15-04-16`` for Hydra's default ``multirun/<date>/<time>``, else ``sweep-<basename>``."""
+    """``sweep-2026-11-29_15-04-16`` for Hydra's default ``multirun/<date>/<time>``, else
+    ``sweep-<basename>``."""
     name = sweep_dir.name
     if re.fullmatch(r"\d\d-\d\d-\d\d", name):
         name = f"{sweep_dir.parent.name}_{name}"
@@ -219,14 +233,24 @@ def ensure_parent(cfg: DictConfig, sweep_dir: Path) -> str:
     with _locked(sweep_dir):
         sweep_id = _sweep_id(sweep_dir)
         exp = client.get_experiment_by_name(name)
-        exp_id = exp.experiment_id if exp else client.create_experiment(
-            name, artifact_location=cfg.mlflow.get("artifact_location") if uri.startswith("sqlite:") else None)
+        exp_id = (
+            exp.experiment_id
+            if exp
+            else client.create_experiment(
+                name,
+                artifact_location=cfg.mlflow.get("artifact_location") if uri.startswith("sqlite:") else None,
+            )
+        )
         if found := find_parents(client, sweep_id, [exp_id]):
             return found[0].info.run_id
         sweep = sweep_overrides(sweep_dir) or []
-        tags = {"sweep.parent": "true", "sweep.id": sweep_id, "sweep.dir": str(sweep_dir),
-                "sweep.overrides": " ".join(sweep)[:_MAX_TAG],
-                "model": sweep_models(sweep, OmegaConf.select(cfg, "model.name", default=""))}
+        tags = {
+            "sweep.parent": "true",
+            "sweep.id": sweep_id,
+            "sweep.dir": str(sweep_dir),
+            "sweep.overrides": " ".join(sweep)[:_MAX_TAG],
+            "model": sweep_models(sweep, OmegaConf.select(cfg, "model.name", default="")),
+        }
         run = client.create_run(exp_id, run_name=_parent_name(sweep_dir), tags=tags)
     log.info("sweep: MLflow parent run %s (%s) in %s", run.info.run_id, run.info.run_name, uri)
     return run.info.run_id
@@ -247,7 +271,9 @@ class MLflowSweepCallback(Callback):
     """
 
     def on_multirun_start(self, config: DictConfig, **kwargs) -> None:
-        if not HydraConfig.initialized():  # ${hydra:runtime.cwd} in the tracking URI resolves (as hydra#3439 does)
+        if (
+            not HydraConfig.initialized()
+        ):  # ${hydra:runtime.cwd} in the tracking URI resolves (as hydra#3439 does)
             HydraConfig.instance().set_config(config)
         self._client, self._id = _client(config), _locked_sweep_id(_sweep_dir(config.hydra))
         for run in find_parents(self._client, self._id):

@@ -4,9 +4,10 @@ of importance, through the head masks of :class:`attnlab.models.attention.MultiH
 (:meth:`attnlab.models.transformer.Transformer.set_head_mask`). ``src/head_importance.py`` runs it
 on a trained model.
 """
+
 from __future__ import annotations
 
-from typing import Callable, Sequence
+from collections.abc import Callable, Sequence
 
 import torch
 
@@ -14,8 +15,12 @@ import torch
 def head_names(net) -> list[tuple[str, int, int]]:
     """(kind, layer, head) of every multi-head attention head of ``net`` (layers and heads from 0),
     in the order of ``net.attention_layers()``; empty for a model without multi-head attention."""
-    return [(kind, layer, head) for kind, attentions in net.attention_layers().items()
-            for layer, attention in enumerate(attentions) for head in range(attention.num_heads)]
+    return [
+        (kind, layer, head)
+        for kind, attentions in net.attention_layers().items()
+        for layer, attention in enumerate(attentions)
+        for head in range(attention.num_heads)
+    ]
 
 
 def _apply_masks(net, pruned: set[tuple[str, int, int]]) -> None:
@@ -36,7 +41,8 @@ def head_importance(net, score: Callable[[], float]) -> dict:
     the score as heads are pruned one by one, least important first.
 
     Args:
-        net: a model with ``attention_layers()`` (:meth:`attnlab.models.transformer.Transformer.attention_layers`).
+        net: a model with ``attention_layers()``
+            (:meth:`attnlab.models.transformer.Transformer.attention_layers`).
         score: the score of ``net`` as it is masked now (e.g. validation BLEU, higher is better).
     Returns:
         ``score`` (unmasked); ``heads``: per head {kind, layer, head (from 1), score (alone masked),
@@ -48,8 +54,10 @@ def head_importance(net, score: Callable[[], float]) -> dict:
     """
     names = head_names(net)
     if not names:
-        raise ValueError(f"{type(net).__name__} has no multi-head attention: nothing to mask "
-                         "(head importance is for the Transformer)")
+        raise ValueError(
+            f"{type(net).__name__} has no multi-head attention: nothing to mask "
+            "(head importance is for the Transformer)"
+        )
     try:
         _apply_masks(net, set())
         base = score()
@@ -57,16 +65,24 @@ def head_importance(net, score: Callable[[], float]) -> dict:
         for name in names:
             _apply_masks(net, {name})
             masked = score()
-            heads.append({"kind": name[0], "layer": name[1] + 1, "head": name[2] + 1,
-                          "score": masked, "importance": base - masked})
+            heads.append(
+                {
+                    "kind": name[0],
+                    "layer": name[1] + 1,
+                    "head": name[2] + 1,
+                    "score": masked,
+                    "importance": base - masked,
+                }
+            )
         order = sorted(range(len(names)), key=lambda i: heads[i]["importance"])  # least first
         pruning, pruned = [{"pruned": 0, "score": base, "head": None}], set()
         for n, i in enumerate(order, 1):
             pruned.add(names[i])
             _apply_masks(net, pruned)
             h = heads[i]
-            pruning.append({"pruned": n, "score": score(),
-                            "head": f"{h['kind']}/layer{h['layer']}/head{h['head']}"})
+            pruning.append(
+                {"pruned": n, "score": score(), "head": f"{h['kind']}/layer{h['layer']}/head{h['head']}"}
+            )
     finally:
         _apply_masks(net, set())
     return {"score": base, "heads": heads, "pruning": pruning}

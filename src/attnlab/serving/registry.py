@@ -3,22 +3,23 @@
 :func:`log_served_model` logs an export folder as an MLflow pyfunc model and
 registers it (the export stage calls it for every translation model); the newest
 version has the alias ``champion``, and the model's ``requirements.txt`` pins
-everything its code imports (:func:`attnlab.export.requirements.served_requirements`),
+everything its code imports (:func:`attnlab.serving.requirements.served_requirements`),
 so it loads in a fresh environment built from that file alone.
 :func:`registered_model_name`, :func:`served_model_uri` and :func:`serve_command`
 name the registered model, its URI and the command that serves it.
 """
+
 from __future__ import annotations
 
 from pathlib import Path
 
-from attnlab.export.requirements import SERVING_CODE, served_requirements
-from attnlab.export.translator import DEFAULT_ENGINE, Translator
+from attnlab.serving.requirements import SERVING_CODE, served_requirements
+from attnlab.serving.translator import DEFAULT_ENGINE, Translator
 
 EXPORT_ARTIFACT = "export"  # key of the export folder in the pyfunc's context.artifacts
 SERVING_EXAMPLE = ["A man rides a bike."]
 # The served model's params and their defaults (its signature's param schema): alignments=true
-# answers each sentence with its cross attention, engine chooses the decoder (attnlab.serving).
+# answers each sentence with its cross attention, engine chooses the decoder (attnlab.serving.model).
 SERVING_PARAMS = {"alignments": False, "engine": DEFAULT_ENGINE}
 CHAMPION = "champion"  # registry alias of the newest version of each registered model
 
@@ -43,18 +44,17 @@ def serve_command(name: str, tracking_uri: str, version: int | str | None = None
 
     No ``--env-manager``: MLflow's default (``virtualenv``) builds the model's own
     environment from its ``requirements.txt``
-    (:func:`attnlab.export.requirements.served_requirements`), so the
+    (:func:`attnlab.serving.requirements.served_requirements`), so the
     command works on any machine that reaches the store (it needs pyenv; from the
     project's virtualenv ``--env-manager local`` skips the build).
     """
-    return (f"MLFLOW_TRACKING_URI={tracking_uri} mlflow models serve "
-            f"-m {served_model_uri(name, version)}")
+    return f"MLFLOW_TRACKING_URI={tracking_uri} mlflow models serve -m {served_model_uri(name, version)}"
 
 
 def log_served_model(export_dir: Path, model: str, run_id: str, tracking_uri: str) -> tuple[str, int]:
     """Log a translation export folder to MLflow run ``run_id`` as a pyfunc model and register it.
 
-    The pyfunc is a "model from code" (:mod:`attnlab.serving`, not a pickle) with
+    The pyfunc is a "model from code" (:mod:`attnlab.serving.model`, not a pickle) with
     the export folder as its artifact and the attnlab package as its code path, so a
     registered version keeps the decoding code it was logged with. Signature:
     list of str → list of str (from the type hints). Its metadata and the
@@ -63,7 +63,7 @@ def log_served_model(export_dir: Path, model: str, run_id: str, tracking_uri: st
     model that translates gets a version. Every call adds a new version and moves
     the alias ``champion`` (:data:`CHAMPION`) to it, so ``models:/<name>@champion``
     is the newest. Its ``requirements.txt`` is
-    :func:`attnlab.export.requirements.served_requirements`: exact
+    :func:`attnlab.serving.requirements.served_requirements`: exact
     pins of everything the logged code imports, so the model loads in a fresh
     environment built from that file alone (``--env-manager virtualenv``, Docker).
     Sets this process's MLflow tracking URI to ``tracking_uri``.
@@ -89,14 +89,27 @@ def log_served_model(export_dir: Path, model: str, run_id: str, tracking_uri: st
     translator = Translator(export_dir)
     requirements = served_requirements()
     name = registered_model_name(model)
-    limits = {key: getattr(translator, key) for key in (
-        "max_input_chars", "max_input_tokens", "max_request_sentences", "max_request_chars",
-        "max_request_tokens")}
-    metadata = {"model": model, **limits, "engines": translator.engines, "beam_size": translator.beam_size,
-                "alpha": translator.alpha, "too_long_input": "HTTP 400 (INVALID_PARAMETER_VALUE)",
-                "too_large_request": "HTTP 400 (INVALID_PARAMETER_VALUE), nothing decoded",
-                "empty_request": "HTTP 400 (INVALID_PARAMETER_VALUE)",
-                "empty_input": "translates to an empty string"}
+    limits = {
+        key: getattr(translator, key)
+        for key in (
+            "max_input_chars",
+            "max_input_tokens",
+            "max_request_sentences",
+            "max_request_chars",
+            "max_request_tokens",
+        )
+    }
+    metadata = {
+        "model": model,
+        **limits,
+        "engines": translator.engines,
+        "beam_size": translator.beam_size,
+        "alpha": translator.alpha,
+        "too_long_input": "HTTP 400 (INVALID_PARAMETER_VALUE)",
+        "too_large_request": "HTTP 400 (INVALID_PARAMETER_VALUE), nothing decoded",
+        "empty_request": "HTTP 400 (INVALID_PARAMETER_VALUE)",
+        "empty_input": "translates to an empty string",
+    }
     step = "logging"
     try:
         mlflow.set_tracking_uri(tracking_uri)
@@ -104,34 +117,46 @@ def log_served_model(export_dir: Path, model: str, run_id: str, tracking_uri: st
         mlflow.start_run(run_id=run_id)
         try:
             info = mlflow.pyfunc.log_model(
-                name="translator", python_model=str(SERVING_CODE),
-                artifacts={EXPORT_ARTIFACT: str(export_dir)}, code_paths=[str(SERVING_CODE.parent)],
-                input_example=(SERVING_EXAMPLE, SERVING_PARAMS), pip_requirements=requirements,
-                metadata=metadata, tags={"model": model})
+                name="translator",
+                python_model=str(SERVING_CODE),
+                artifacts={EXPORT_ARTIFACT: str(export_dir)},
+                code_paths=[str(SERVING_CODE.parent)],
+                input_example=(SERVING_EXAMPLE, SERVING_PARAMS),
+                pip_requirements=requirements,
+                metadata=metadata,
+                tags={"model": model},
+            )
         finally:  # the training run keeps its status (a failed export is not a failed training)
             mlflow.end_run(status if status in ("FINISHED", "FAILED", "KILLED") else "FINISHED")
         step = "loading back"
         answer = mlflow.pyfunc.load_model(info.model_uri).predict(SERVING_EXAMPLE)
         if not (isinstance(answer, list) and len(answer) == 1 and isinstance(answer[0], str)):
-            raise ValueError(f"the logged model answered {answer!r} to {SERVING_EXAMPLE!r}, "
-                             "expected a list of one string")
+            raise ValueError(
+                f"the logged model answered {answer!r} to {SERVING_EXAMPLE!r}, expected a list of one string"
+            )
         step = "registering"
         version = int(mlflow.register_model(info.model_uri, name).version)
         client = mlflow.MlflowClient(tracking_uri)
-        client.update_model_version(name, version, description=(
-            f"{model} translation model of run {run_id}. Input: a list of sentences, each at most "
-            f"{translator.max_input_chars} characters (longer: HTTP 400, INVALID_PARAMETER_VALUE); "
-            f"per request 1 to {translator.max_request_sentences} sentences, at most "
-            f"{translator.max_request_chars} characters and {translator.max_request_tokens} "
-            "tokens together (else HTTP 400; split the request); "
-            f"an empty sentence translates to \"\". Beam size {translator.beam_size}, "
-            f"alpha {translator.alpha}. Serve: {serve_command(name, tracking_uri, version)}"))
+        client.update_model_version(
+            name,
+            version,
+            description=(
+                f"{model} translation model of run {run_id}. Input: a list of sentences, each at most "
+                f"{translator.max_input_chars} characters (longer: HTTP 400, INVALID_PARAMETER_VALUE); "
+                f"per request 1 to {translator.max_request_sentences} sentences, at most "
+                f"{translator.max_request_chars} characters and {translator.max_request_tokens} "
+                "tokens together (else HTTP 400; split the request); "
+                f'an empty sentence translates to "". Beam size {translator.beam_size}, '
+                f"alpha {translator.alpha}. Serve: {serve_command(name, tracking_uri, version)}"
+            ),
+        )
         step = f"setting the alias {CHAMPION} of"
         client.set_registered_model_alias(name, CHAMPION, version)
-    except Exception as e:  # noqa: BLE001 - any failure means "not served"; the cause is chained
+    except Exception as e:  # any failure means "not served"; the cause is chained
         raise ServingExportError(
             f"{step} the served model {name} (export {export_dir}) in MLflow run {run_id} at "
             f"{tracking_uri} failed: {type(e).__name__}: {e}. The export folder itself is written; "
             "check that the store is reachable and holds the run (runs/<model>.json), then "
-            f"re-run `python src/export.py model={model}` (or `dvc repro export@{model}`)") from e
+            f"re-run `python src/export.py model={model}` (or `dvc repro export@{model}`)"
+        ) from e
     return name, version

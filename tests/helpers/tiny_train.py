@@ -4,6 +4,7 @@
 tokenize stage; ``train_cmd(root, ...)`` is the command line of a tiny Transformer
 (d_model 32, 8 batches of at most 40 tokens per epoch) that trains in seconds.
 """
+
 from __future__ import annotations
 
 import os
@@ -12,24 +13,44 @@ import subprocess
 import sys
 from pathlib import Path
 
-from corpus_fixture import write_mirror
+from helpers.corpus_fixture import write_mirror
 
-ROOT = Path(__file__).resolve().parents[1]
-TINY = ["model=transformer", "device=cpu", "model.net.d_model=32", "model.net.ffn_hidden=64",
-        "model.max_tokens=40", "model.warmup_steps=5", "data.vocab_size=150",
-        "data.val_bleu_sentences=4", "trainer.enable_progress_bar=false", "trainer.deterministic=true",
-        # matplotlib takes about a second per heatmap: one sentence, none per epoch (tests that
-        # check the per-epoch maps ask for them)
-        "heatmaps.sentences=[0]", "heatmaps.epoch_kinds=[]"]
+ROOT = Path(__file__).resolve().parents[2]
+TINY = [
+    "model=transformer",
+    "device=cpu",
+    "model.net.d_model=32",
+    "model.net.ffn_hidden=64",
+    "model.max_tokens=40",
+    "model.warmup_steps=5",
+    "data.vocab_size=150",
+    "data.val_bleu_sentences=4",
+    "trainer.enable_progress_bar=false",
+    "trainer.deterministic=true",
+    # matplotlib takes about a second per heatmap: one sentence, none per epoch (tests that
+    # check the per-epoch maps ask for them)
+    "heatmaps.sentences=[0]",
+    "heatmaps.epoch_kinds=[]",
+]
 STEPS_PER_EPOCH = 8  # the 40 training pairs in batches of at most 40 padded tokens
 
 
 def make_project(root: Path) -> Path:
     """Tiny corpus under ``root/data/raw`` and its tokenized folder (real tokenize stage)."""
     write_mirror(root / "data/raw")
-    subprocess.run([sys.executable, "src/tokenize_data.py", f"paths.root={root}", "data.vocab_size=150",
-                    f"hydra.run.dir={root}/outputs/tokenize"], cwd=ROOT, check=True, capture_output=True,
-                   env=env())
+    subprocess.run(
+        [
+            sys.executable,
+            "src/tokenize_data.py",
+            f"paths.root={root}",
+            "data.vocab_size=150",
+            f"hydra.run.dir={root}/outputs/tokenize",
+        ],
+        cwd=ROOT,
+        check=True,
+        capture_output=True,
+        env=env(),
+    )
     return root
 
 
@@ -46,14 +67,26 @@ def env(**extra: str) -> dict:
 
 
 def train_cmd(root: Path, *overrides: str) -> list[str]:
-    return [sys.executable, "src/train.py", *TINY, f"paths.root={root}",
-            f"hydra.run.dir={root}/outputs/run", *overrides]
+    return [
+        sys.executable,
+        "src/train.py",
+        *TINY,
+        f"paths.root={root}",
+        f"hydra.run.dir={root}/outputs/run",
+        *overrides,
+    ]
 
 
 def train(root: Path, *overrides: str, timeout: int = 300, **extra_env: str) -> subprocess.CompletedProcess:
     """Run the tiny training to the end; returns the finished process (output captured)."""
-    return subprocess.run(train_cmd(root, *overrides), cwd=ROOT, capture_output=True, text=True,
-                          timeout=timeout, env=env(**extra_env))
+    return subprocess.run(
+        train_cmd(root, *overrides),
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env=env(**extra_env),
+    )
 
 
 def mlflow_client(root: Path):
@@ -122,5 +155,11 @@ runpy.run_path(sys.argv[0], run_name="__main__")
 def train_killed(root: Path, point: str, *overrides: str, timeout: int = 300) -> subprocess.CompletedProcess:
     """Run the tiny training until it kills itself at ``point`` (see ``KILL_HOOK``)."""
     cmd = train_cmd(root, *overrides)
-    return subprocess.run([cmd[0], "-c", KILL_HOOK, point, *cmd[1:]], cwd=ROOT, capture_output=True,
-                          text=True, timeout=timeout, env=env())
+    return subprocess.run(
+        [cmd[0], "-c", KILL_HOOK, point, *cmd[1:]],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env=env(),
+    )

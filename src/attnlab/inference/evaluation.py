@@ -4,6 +4,7 @@
 it with the composed config and the kept checkpoint's net, then writes ``metrics/<model>.json``
 (and the translations), logs to the model's MLflow run and prints the summary.
 """
+
 from __future__ import annotations
 
 import json
@@ -11,14 +12,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from omegaconf import DictConfig, OmegaConf
-from torch import nn
 
 from attnlab.data.corpora import read_lines
 from attnlab.data.synthetic import synthetic_from_config
 from attnlab.data.tokenizer import load_sentencepiece
-from attnlab.decoding import LENGTH_PENALTY, MAX_OUTPUT_LEN, require_bf16_units, translate_text
-from attnlab.lit.device import single_device
+from attnlab.device import single_device
+from attnlab.inference.decoding import LENGTH_PENALTY, MAX_OUTPUT_LEN, require_bf16_units, translate_text
 from attnlab.metrics import corpus_scores, sacrebleu_signatures
+from attnlab.models import Bahdanau, NadarayaWatson, Transformer
 from attnlab.models.nadaraya_watson import nw_evaluation
 
 BATCH_SIZE = 128  # test sentences decoded together (sorted by length)
@@ -47,7 +48,7 @@ class Evaluation:
     more_hypotheses: dict[str, list[str]] = field(default_factory=dict)
 
 
-def evaluate_translation(cfg: DictConfig, net: nn.Module) -> Evaluation:
+def evaluate_translation(cfg: DictConfig, net: Transformer | Bahdanau) -> Evaluation:
     """Beam search (``model.decoding``: beam_size, alpha; bf16 autocast if ``bf16``) over the test
     split on the one device ``device`` names, detokenized and scored with sacreBLEU (corpus BLEU
     cased 13a, lowercased BLEU, chrF). The scores also say what was measured, as MT papers report
@@ -67,11 +68,15 @@ def evaluate_translation(cfg: DictConfig, net: nn.Module) -> Evaluation:
             anything is decoded.
         DeviceUnavailableError: the device is not available here.
         Bf16UnitsError: ``model.decoding.bf16`` on a device without bf16 units
-            (:func:`attnlab.decoding.require_bf16_units`). Both checked before anything is decoded.
+            (:func:`attnlab.inference.decoding.require_bf16_units`). Both checked before anything is decoded.
     """
     if cfg.data.get("test_set") is None:
-        fix = (f"D2L scores its models with `python src/d2l_table.py data={cfg.data.name} model={cfg.model.name}`"
-               if cfg.data.get("tokenize") else f"model={cfg.model.name} translates: choose data=multi30k or data=fra_eng")
+        fix = (
+            "D2L scores its models with "
+            f"`python src/d2l_table.py data={cfg.data.name} model={cfg.model.name}`"
+            if cfg.data.get("tokenize")
+            else f"model={cfg.model.name} translates: choose data=multi30k or data=fra_eng"
+        )
         raise NoTestSplitError(f"data={cfg.data.name} has no test split; {fix}")
     more = _more_test_splits(cfg.data)
     tok_dir = Path(cfg.paths.tokenized)
@@ -81,10 +86,17 @@ def evaluate_translation(cfg: DictConfig, net: nn.Module) -> Evaluation:
             raise NoTestSplitError(
                 f"{tok_dir} has no {' or '.join(missing)}: it was tokenized before data.splits "
                 f"had `{split}`; re-run the tokenize stage (`dvc repro tokenize`, or "
-                f"`python src/tokenize_data.py data={cfg.data.name}`)")
+                f"`python src/tokenize_data.py data={cfg.data.name}`)"
+            )
     device = single_device(cfg.device)
-    decoding = {**OmegaConf.to_container(cfg.model.decoding, resolve=True), "batch_size": BATCH_SIZE,
-                "length_penalty": LENGTH_PENALTY, "max_len": MAX_OUTPUT_LEN}
+    settings = OmegaConf.to_container(cfg.model.decoding, resolve=True)
+    assert isinstance(settings, dict)  # model.decoding is a mapping in every conf/model/*.yaml
+    decoding = {
+        **settings,
+        "batch_size": BATCH_SIZE,
+        "length_penalty": LENGTH_PENALTY,
+        "max_len": MAX_OUTPUT_LEN,
+    }
     bf16 = bool(decoding.get("bf16", False))
     if bf16:
         require_bf16_units(device.type)
@@ -93,31 +105,55 @@ def evaluate_translation(cfg: DictConfig, net: nn.Module) -> Evaluation:
     net = net.to(device)
 
     def score(split: str) -> tuple[dict, list[str]]:
-        sources, references = (read_lines(tok_dir / f"{split}.src.txt"),
-                               read_lines(tok_dir / f"{split}.tgt.txt"))
-        hypotheses = translate_text(net.init_state, net.step, tokenizer, sources,
-                                    batch_size=BATCH_SIZE, device=device,
-                                    beam_size=decoding["beam_size"], alpha=decoding["alpha"],
-                                    bf16=bf16)
+        sources, references = (
+            read_lines(tok_dir / f"{split}.src.txt"),
+            read_lines(tok_dir / f"{split}.tgt.txt"),
+        )
+        hypotheses = translate_text(
+            net.init_state,
+            net.step,
+            tokenizer,
+            sources,
+            batch_size=BATCH_SIZE,
+            device=device,
+            beam_size=decoding["beam_size"],
+            alpha=decoding["alpha"],
+            bf16=bf16,
+        )
         return {**corpus_scores(hypotheses, references), "num_sentences": len(hypotheses)}, hypotheses
 
     main, hypotheses = score("test")
     scored = {name: score(key) for name, key in more.items()}
-    measured = {"corpus": cfg.data.name, "src_lang": cfg.data.src_lang,
-                "tgt_lang": cfg.data.tgt_lang, "test_set": cfg.data.test_set}
+    measured = {
+        "corpus": cfg.data.name,
+        "src_lang": cfg.data.src_lang,
+        "tgt_lang": cfg.data.tgt_lang,
+        "test_set": cfg.data.test_set,
+    }
     signatures = sacrebleu_signatures()
     scores = {**main, **measured, "decoding": decoding, "signature": signatures}
     logged = {"test_bleu": main["bleu"], "test_bleu_lc": main["bleu_lc"], "test_chrf": main["chrf"]}
     if scored:
         scores["more_test_sets"] = {name: s for name, (s, _) in scored.items()}
         for name, (s, _) in scored.items():
-            logged.update({f"test_bleu/{name}": s["bleu"], f"test_bleu_lc/{name}": s["bleu_lc"],
-                           f"test_chrf/{name}": s["chrf"]})
+            logged.update(
+                {
+                    f"test_bleu/{name}": s["bleu"],
+                    f"test_bleu_lc/{name}": s["bleu_lc"],
+                    f"test_chrf/{name}": s["chrf"],
+                }
+            )
     return Evaluation(
-        scores, logged,
-        {**measured, "test_decoding": json.dumps(decoding, ensure_ascii=False),
-         **{f"test_{k}_signature": v for k, v in signatures.items()}},
-        hypotheses, {name: h for name, (_, h) in scored.items()})
+        scores,
+        logged,
+        {
+            **measured,
+            "test_decoding": json.dumps(decoding, ensure_ascii=False),
+            **{f"test_{k}_signature": v for k, v in signatures.items()},
+        },
+        hypotheses,
+        {name: h for name, (_, h) in scored.items()},
+    )
 
 
 def _more_test_splits(data: DictConfig) -> dict[str, str]:
@@ -132,26 +168,33 @@ def _more_test_splits(data: DictConfig) -> dict[str, str]:
     splits = data.get("splits") or {}
     fix = "list further test splits of data.splits, or set data.more_test_splits=[]"
     if not (OmegaConf.is_list(keys) or isinstance(keys, list)):
-        raise NoTestSplitError(f"data.more_test_splits must be a list of keys of data.splits "
-                               f"(e.g. [test_2017]), not {keys!r}; {fix}")
+        raise NoTestSplitError(
+            f"data.more_test_splits must be a list of keys of data.splits "
+            f"(e.g. [test_2017]), not {keys!r}; {fix}"
+        )
     more: dict[str, str] = {}
     for key in keys:
         if key in ("train", "val", "test") or key not in splits:
             known = ", ".join(splits) if splits else f"data={data.name} has no data.splits"
-            raise NoTestSplitError(f"data.more_test_splits names {key!r}, which is not a further "
-                                   f"test split of data.splits ({known}); {fix}")
+            raise NoTestSplitError(
+                f"data.more_test_splits names {key!r}, which is not a further "
+                f"test split of data.splits ({known}); {fix}"
+            )
         same = [k for k in ("train", "val", "test") if splits.get(k) == splits[key]]
         if same:
-            raise NoTestSplitError(f"data.more_test_splits names {key!r}, whose file {splits[key]} is "
-                                   f"data.splits.{same[0]}'s: it would be scored as a further test set; {fix}")
+            raise NoTestSplitError(
+                f"data.more_test_splits names {key!r}, whose file {splits[key]} is "
+                f"data.splits.{same[0]}'s: it would be scored as a further test set; {fix}"
+            )
         if splits[key] in more:
-            raise NoTestSplitError(f"data.more_test_splits names {splits[key]} twice "
-                                   f"({more[splits[key]]!r} and {key!r}); {fix}")
+            raise NoTestSplitError(
+                f"data.more_test_splits names {splits[key]} twice ({more[splits[key]]!r} and {key!r}); {fix}"
+            )
         more[splits[key]] = key
     return more
 
 
-def evaluate_regression(cfg: DictConfig, net: nn.Module) -> Evaluation:
+def evaluate_regression(cfg: DictConfig, net: NadarayaWatson) -> Evaluation:
     """Test MSE of the trained NW model against D2L's average-pooling and non-parametric
     baselines and each kernel of ``model.kernels`` (:func:`attnlab.models.nadaraya_watson.nw_evaluation`:
     mse, mse_nonparametric, mse_average_pooling, w, mse_<kernel>, kernel_width).
@@ -159,8 +202,11 @@ def evaluate_regression(cfg: DictConfig, net: nn.Module) -> Evaluation:
     Raises:
         ValueError: data other than ``synthetic``; an unknown kernel or a width σ ≤ 0.
     """
-    ev = nw_evaluation(synthetic_from_config(cfg.data, cfg.seed), float(net.w.detach()),
-                       cfg.model.kernels, cfg.model.width)
+    ev = nw_evaluation(
+        synthetic_from_config(cfg.data, cfg.seed), float(net.w.detach()), cfg.model.kernels, cfg.model.width
+    )
     scores = ev["scores"]
-    return Evaluation(scores, {"test_mse": scores["mse"],
-                               **{f"test_mse_{k}": scores[f"mse_{k}"] for k in cfg.model.kernels}})
+    return Evaluation(
+        scores,
+        {"test_mse": scores["mse"], **{f"test_mse_{k}": scores[f"mse_{k}"] for k in cfg.model.kernels}},
+    )

@@ -1,16 +1,17 @@
 """Attention heatmaps as PNG files (matplotlib, Agg backend, no display needed)."""
+
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Sequence
 
 import matplotlib
 
 matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402
-import torch  # noqa: E402
+import matplotlib.pyplot as plt
+import torch
 
 
 def _save(fig, path: Path) -> Path:
@@ -21,10 +22,17 @@ def _save(fig, path: Path) -> Path:
     return path
 
 
-def heatmap_grid(weights: torch.Tensor, xlabels: Sequence[str] | None,
-                 ylabels: Sequence[str] | None, title: str, path: Path,
-                 panel_titles: Sequence[str] | None = None,
-                 xlabel: str = "keys", ylabel: str = "queries", vmax: float | None = 1.0) -> Path:
+def heatmap_grid(
+    weights: torch.Tensor,
+    xlabels: Sequence[str] | None,
+    ylabels: Sequence[str] | None,
+    title: str,
+    path: Path,
+    panel_titles: Sequence[str] | None = None,
+    xlabel: str = "keys",
+    ylabel: str = "queries",
+    vmax: float | None = 1.0,
+) -> Path:
     """One PNG with a heatmap per panel (e.g. per head) and a shared colour bar.
 
     Args:
@@ -39,8 +47,13 @@ def heatmap_grid(weights: torch.Tensor, xlabels: Sequence[str] | None,
     cols = math.ceil(math.sqrt(P))
     rows = math.ceil(P / cols)
     cell = max(0.25, min(0.45, 8 / max(Q, K))) if xlabels is not None else 0.12  # inches
-    fig, axes = plt.subplots(rows, cols, squeeze=False, layout="constrained",
-                             figsize=(1.5 + cols * (K * cell + 0.8), 1 + rows * (Q * cell + 0.8)))
+    fig, axes = plt.subplots(
+        rows,
+        cols,
+        squeeze=False,
+        layout="constrained",
+        figsize=(1.5 + cols * (K * cell + 0.8), 1 + rows * (Q * cell + 0.8)),
+    )
     im = None
     for p, ax in enumerate(axes.flat):
         if p >= P:
@@ -71,8 +84,9 @@ def _index_ticks(set_ticks, x: torch.Tensor) -> None:
     set_ticks(idx, [f"{float(x[i]):.1f}" for i in idx])
 
 
-def _nw_fit_axes(ax, x_train, y_train, x_test, y_test, predictions: dict[str, torch.Tensor],
-                 title: str) -> None:
+def _nw_fit_axes(
+    ax, x_train, y_train, x_test, y_test, predictions: dict[str, torch.Tensor], title: str
+) -> None:
     """Truth, predictions and training points on one axes (D2L 11.2's fit plot)."""
     ax.plot(x_test, y_test, "k--", lw=1.2, label="truth f(x)")
     for name, pred in predictions.items():
@@ -84,11 +98,18 @@ def _nw_fit_axes(ax, x_train, y_train, x_test, y_test, predictions: dict[str, to
     ax.legend(fontsize=8, loc="upper right")
 
 
-def _nw_weights_axes(fig, ax, x_train, x_test, weights: torch.Tensor, title: str,
-                     vmax: float | None = None) -> None:
+def _nw_weights_axes(
+    fig, ax, x_train, x_test, weights: torch.Tensor, title: str, vmax: float | None = None
+) -> None:
     """The (m, n) weights of test queries over sorted training keys, ticks in x units."""
-    im = ax.imshow(weights.detach().float().cpu().numpy(), cmap="Reds", vmin=0.0, vmax=vmax,
-                   aspect="auto", interpolation="nearest")
+    im = ax.imshow(
+        weights.detach().float().cpu().numpy(),
+        cmap="Reds",
+        vmin=0.0,
+        vmax=vmax,
+        aspect="auto",
+        interpolation="nearest",
+    )
     _index_ticks(ax.set_xticks, x_train)
     _index_ticks(ax.set_yticks, x_test)
     ax.set_xlabel("training input $x_i$ (keys, sorted)")
@@ -101,9 +122,18 @@ def _mse(pred: torch.Tensor, y: torch.Tensor) -> float:
     return float(((pred.detach() - y) ** 2).mean())
 
 
-def nw_kernel_figure(x_train, y_train, x_test, y_test, prediction: torch.Tensor,
-                     weights: torch.Tensor, kernel: str, width: float, path: Path,
-                     vmax: float | None = None) -> Path:
+def nw_kernel_figure(
+    x_train,
+    y_train,
+    x_test,
+    y_test,
+    prediction: torch.Tensor,
+    weights: torch.Tensor,
+    kernel: str,
+    width: float,
+    path: Path,
+    vmax: float | None = None,
+) -> Path:
     """One PNG for one kernel (D2L 11.2.2): the fit (left) and its test × train weights (right).
 
     Args:
@@ -113,19 +143,28 @@ def nw_kernel_figure(x_train, y_train, x_test, y_test, prediction: torch.Tensor,
         vmax: top of the colour scale (None: the largest weight), to compare kernels.
     Returns the path written.
     """
-    fig, (ax_fit, ax_w) = plt.subplots(1, 2, figsize=(11, 4.2), layout="constrained",
-                                       gridspec_kw={"width_ratios": [1.15, 1]})
+    fig, (ax_fit, ax_w) = plt.subplots(
+        1, 2, figsize=(11, 4.2), layout="constrained", gridspec_kw={"width_ratios": [1.15, 1]}
+    )
     name = _KERNEL_TITLES.get(kernel, kernel)
-    _nw_fit_axes(ax_fit, x_train, y_train, x_test, y_test, {f"{name} kernel": prediction},
-                 f"fit: test MSE {_mse(prediction, y_test):.3f}")
+    _nw_fit_axes(
+        ax_fit,
+        x_train,
+        y_train,
+        x_test,
+        y_test,
+        {f"{name} kernel": prediction},
+        f"fit: test MSE {_mse(prediction, y_test):.3f}",
+    )
     shared = "" if vmax is None else " (colour scale shared by all kernels)"
     _nw_weights_axes(fig, ax_w, x_train, x_test, weights, f"attention weights{shared}", vmax)
     fig.suptitle(f"Nadaraya–Watson regression, {name} kernel, width σ = {width:g}", fontsize=11)
     return _save(fig, path)
 
 
-def nw_width_figure(x_train, y_train, x_test, y_test, fits: dict[float, dict[str, torch.Tensor]],
-                    kernel: str, path: Path) -> Path:
+def nw_width_figure(
+    x_train, y_train, x_test, y_test, fits: dict[float, dict[str, torch.Tensor]], kernel: str, path: Path
+) -> Path:
     """D2L 11.2.3's width sweep: fits (top row) and weights (bottom row), one column per σ.
 
     Args:
@@ -136,21 +175,37 @@ def nw_width_figure(x_train, y_train, x_test, y_test, fits: dict[float, dict[str
     cols = len(fits)
     fig, axes = plt.subplots(2, cols, squeeze=False, figsize=(4 * cols, 7), layout="constrained")
     for c, (sigma, fit) in enumerate(fits.items()):
-        _nw_fit_axes(axes[0, c], x_train, y_train, x_test, y_test,
-                     {f"σ = {sigma:g}": fit["prediction"]},
-                     f"σ = {sigma:g}: test MSE {_mse(fit['prediction'], y_test):.3f}")
-        _nw_weights_axes(fig, axes[1, c], x_train, x_test, fit["weights"],
-                         f"weights, σ = {sigma:g}")
-    fig.suptitle(f"Nadaraya–Watson regression, {_KERNEL_TITLES.get(kernel, kernel)} kernel: "
-                 "the narrower the width σ, the more local the attention", fontsize=11)
+        _nw_fit_axes(
+            axes[0, c],
+            x_train,
+            y_train,
+            x_test,
+            y_test,
+            {f"σ = {sigma:g}": fit["prediction"]},
+            f"σ = {sigma:g}: test MSE {_mse(fit['prediction'], y_test):.3f}",
+        )
+        _nw_weights_axes(fig, axes[1, c], x_train, x_test, fit["weights"], f"weights, σ = {sigma:g}")
+    fig.suptitle(
+        f"Nadaraya–Watson regression, {_KERNEL_TITLES.get(kernel, kernel)} kernel: "
+        "the narrower the width σ, the more local the attention",
+        fontsize=11,
+    )
     return _save(fig, path)
 
 
-def nw_figures(x_train, y_train, x_test, y_test, predictions: dict[str, torch.Tensor],
-               weights: torch.Tensor, out_dir: Path,
-               kernels: dict[str, dict[str, torch.Tensor]] | None = None, width: float = 1.0,
-               width_sweep: dict[float, dict[str, torch.Tensor]] | None = None,
-               trained_w: float | None = None) -> list[Path]:
+def nw_figures(
+    x_train,
+    y_train,
+    x_test,
+    y_test,
+    predictions: dict[str, torch.Tensor],
+    weights: torch.Tensor,
+    out_dir: Path,
+    kernels: dict[str, dict[str, torch.Tensor]] | None = None,
+    width: float = 1.0,
+    width_sweep: dict[float, dict[str, torch.Tensor]] | None = None,
+    trained_w: float | None = None,
+) -> list[Path]:
     """D2L 11.2's figures as PNGs in ``out_dir``; returns the paths written.
 
     * ``nw_fit.png``: truth, training data and ``predictions`` (average pooling,
@@ -170,26 +225,48 @@ def nw_figures(x_train, y_train, x_test, y_test, predictions: dict[str, torch.Te
     """
     out_dir = Path(out_dir)
     fig, ax = plt.subplots(figsize=(6.5, 4.2), layout="constrained")
-    _nw_fit_axes(ax, x_train, y_train, x_test, y_test, predictions,
-                 "Nadaraya–Watson kernel regression vs. average pooling")
+    _nw_fit_axes(
+        ax,
+        x_train,
+        y_train,
+        x_test,
+        y_test,
+        predictions,
+        "Nadaraya–Watson kernel regression vs. average pooling",
+    )
     paths = [_save(fig, out_dir / "nw_fit.png")]
     fig, ax = plt.subplots(figsize=(5.8, 4.6), layout="constrained")
     learned = ""
     if trained_w is not None:
         sigma = 1 / abs(trained_w) if trained_w else math.inf
         learned = f" (learned w = {trained_w:.2f}, σ = {sigma:.2f})"
-    _nw_weights_axes(fig, ax, x_train, x_test, weights,
-                     f"trained parametric Gaussian model{learned}:\nattention weights")
+    _nw_weights_axes(
+        fig, ax, x_train, x_test, weights, f"trained parametric Gaussian model{learned}:\nattention weights"
+    )
     paths.append(_save(fig, out_dir / "nw_weights.png"))
     kernels = kernels or {}
     vmax = max((float(f["weights"].max()) for f in kernels.values()), default=None)
     for kernel, fit in kernels.items():
-        paths.append(nw_kernel_figure(x_train, y_train, x_test, y_test, fit["prediction"],
-                                      fit["weights"], kernel, width, out_dir / f"nw_{kernel}.png",
-                                      vmax))
+        paths.append(
+            nw_kernel_figure(
+                x_train,
+                y_train,
+                x_test,
+                y_test,
+                fit["prediction"],
+                fit["weights"],
+                kernel,
+                width,
+                out_dir / f"nw_{kernel}.png",
+                vmax,
+            )
+        )
     if width_sweep:
-        paths.append(nw_width_figure(x_train, y_train, x_test, y_test, width_sweep, "gaussian",
-                                     out_dir / "nw_gaussian_widths.png"))
+        paths.append(
+            nw_width_figure(
+                x_train, y_train, x_test, y_test, width_sweep, "gaussian", out_dir / "nw_gaussian_widths.png"
+            )
+        )
     return paths
 
 
@@ -211,6 +288,7 @@ class KindMaps:
         keys: the K key tokens; queries: the Q query tokens (sentencepiece pieces).
         key_axis, query_axis: axis titles, e.g. ``"source (keys)"``, ``"target (queries)"``.
     """
+
     kind: str
     layers: list[torch.Tensor]
     keys: list[str]
@@ -227,6 +305,7 @@ class SentenceMaps:
         sentence: the source text; translation: the detokenized greedy output.
         kinds: kind → :class:`KindMaps`, every kind the model has, in the model's order.
     """
+
     sentence: str
     translation: str
     kinds: dict[str, KindMaps]
@@ -241,8 +320,7 @@ KIND_AXES = {  # kind → (key tokens, query tokens, key axis title, query axis 
 
 
 @torch.no_grad()
-def collect_translation_maps(net, tokenizer, sentences: Sequence[str],
-                             device="cpu") -> list[SentenceMaps]:
+def collect_translation_maps(net, tokenizer, sentences: Sequence[str], device="cpu") -> list[SentenceMaps]:
     """The attention weights and token labels of a seq2seq model for ``sentences`` (no drawing).
 
     Each sentence is greedy-decoded, then run once more teacher-forced on its own output
@@ -262,7 +340,7 @@ def collect_translation_maps(net, tokenizer, sentences: Sequence[str],
         KeyError: ``net.attention_maps`` returned a kind that is not in :data:`KIND_AXES`.
     """
     from attnlab.data.tokenizer import BOS_ID, EOS_ID
-    from attnlab.decoding import translate
+    from attnlab.inference.decoding import translate
 
     was_training = net.training
     net.eval()
@@ -272,21 +350,33 @@ def collect_translation_maps(net, tokenizer, sentences: Sequence[str],
         src, valid = tokenizer.encode_sources([sentence])
         tgt_in = torch.tensor([[BOS_ID] + out_ids], dtype=torch.long)
         maps = net.attention_maps(src.to(device), valid.to(device), tgt_in.to(device))
-        tokens = {"source": _pieces(tokenizer, src[0], source=True),
-                  "target_out": _pieces(tokenizer, out_ids + [EOS_ID]),
-                  "target_in": _pieces(tokenizer, tgt_in[0])}
+        tokens = {
+            "source": _pieces(tokenizer, src[0], source=True),
+            "target_out": _pieces(tokenizer, out_ids + [EOS_ID]),
+            "target_in": _pieces(tokenizer, tgt_in[0]),
+        }
         kinds = {}
         for kind, layers in maps.items():
             keys, queries, key_axis, query_axis = KIND_AXES[kind]
-            kinds[kind] = KindMaps(kind, [w[0].detach().float().cpu() for w in layers],  # (H, Q, K)
-                                   tokens[keys], tokens[queries], key_axis, query_axis)
+            kinds[kind] = KindMaps(
+                kind,
+                [w[0].detach().float().cpu() for w in layers],  # (H, Q, K)
+                tokens[keys],
+                tokens[queries],
+                key_axis,
+                query_axis,
+            )
         collected.append(SentenceMaps(sentence, tokenizer.decode(out_ids), kinds))
     net.train(was_training)
     return collected
 
 
-def draw_translation_maps(collected: Sequence[SentenceMaps], out_dir: Path,
-                          kinds: Sequence[str] | None = None, title_prefix: str = "") -> list[Path]:
+def draw_translation_maps(
+    collected: Sequence[SentenceMaps],
+    out_dir: Path,
+    kinds: Sequence[str] | None = None,
+    title_prefix: str = "",
+) -> list[Path]:
     """One PNG per (sentence, kind, layer) of ``collected`` (:func:`collect_translation_maps`),
     heads as panels, named ``sent<i>_<kind>_layer<l>.png`` (``i`` the sentence's position,
     ``l`` 1-based) in ``out_dir``; returns their paths.
@@ -301,18 +391,30 @@ def draw_translation_maps(collected: Sequence[SentenceMaps], out_dir: Path,
                 continue
             for layer, w in enumerate(km.layers, 1):  # w: (H, Q, K)
                 H = w.shape[0]
-                paths.append(heatmap_grid(
-                    w, km.keys, km.queries,
-                    f"{title_prefix}{kind} layer {layer}: {maps.sentence!r} → {maps.translation!r}",
-                    Path(out_dir) / f"sent{i}_{kind}_layer{layer}.png",
-                    panel_titles=[f"head {h + 1}" for h in range(H)] if H > 1 else None,
-                    xlabel=km.key_axis, ylabel=km.query_axis))
+                paths.append(
+                    heatmap_grid(
+                        w,
+                        km.keys,
+                        km.queries,
+                        f"{title_prefix}{kind} layer {layer}: {maps.sentence!r} → {maps.translation!r}",
+                        Path(out_dir) / f"sent{i}_{kind}_layer{layer}.png",
+                        panel_titles=[f"head {h + 1}" for h in range(H)] if H > 1 else None,
+                        xlabel=km.key_axis,
+                        ylabel=km.query_axis,
+                    )
+                )
     return paths
 
 
-def translation_heatmaps(net, tokenizer, sentences: Sequence[str], out_dir: Path,
-                         device="cpu", kinds: Sequence[str] | None = None,
-                         title_prefix: str = "") -> list[Path]:
+def translation_heatmaps(
+    net,
+    tokenizer,
+    sentences: Sequence[str],
+    out_dir: Path,
+    device="cpu",
+    kinds: Sequence[str] | None = None,
+    title_prefix: str = "",
+) -> list[Path]:
     """Attention maps of a seq2seq model for ``sentences``, one PNG per (sentence, kind, layer):
     :func:`collect_translation_maps` then :func:`draw_translation_maps`.
 
@@ -322,5 +424,6 @@ def translation_heatmaps(net, tokenizer, sentences: Sequence[str], out_dir: Path
     Files are named ``sent<i>_<kind>_layer<l>.png``; returns their paths. ``title_prefix``
     (e.g. ``"epoch 3, "``) starts every title.
     """
-    return draw_translation_maps(collect_translation_maps(net, tokenizer, sentences, device),
-                                 out_dir, kinds, title_prefix)
+    return draw_translation_maps(
+        collect_translation_maps(net, tokenizer, sentences, device), out_dir, kinds, title_prefix
+    )

@@ -6,6 +6,7 @@ or inside a function, class or ``if``: a lazy import still ties two modules toge
 to ``attnlab.x``. Used by tests/test_layout.py (cycles, private names) and
 tests/test_dvc_deps.py (what each stage script runs).
 """
+
 from __future__ import annotations
 
 import ast
@@ -14,7 +15,7 @@ from pathlib import Path
 import networkx as nx
 
 PACKAGE = "attnlab"
-SRC = Path(__file__).resolve().parents[1] / "src"
+SRC = Path(__file__).resolve().parents[2] / "src"
 
 
 def module_files(package_dir: Path = SRC / PACKAGE, package: str = PACKAGE) -> dict[str, Path]:
@@ -43,7 +44,7 @@ def imports_of(module: str, path: Path, modules: set[str]) -> list[tuple[str, st
         elif isinstance(node, ast.ImportFrom):
             base = node.module or ""
             if node.level:  # relative: from ..x import y
-                base = ".".join(package[:len(package) - node.level + 1] + ([base] if base else []))
+                base = ".".join(package[: len(package) - node.level + 1] + ([base] if base else []))
             for alias in node.names:
                 if f"{base}.{alias.name}" in modules:
                     found.append((f"{base}.{alias.name}", None, node.lineno))

@@ -1,27 +1,28 @@
 """The runtime of an export folder: load it, and translate text with it.
 
 :func:`load_translator` needs only torch and sentencepiece; the decoding loops
-are :mod:`attnlab.decoding`'s, the same ones evaluation uses, so an export
+are :mod:`attnlab.inference.decoding`'s, the same ones evaluation uses, so an export
 decodes exactly the tokens its checkpoint does. :class:`Translator` is the
 text-in, text-out front end (``src/translate.py`` and the MLflow model of
-:mod:`attnlab.serving` use it): the export's beam settings, its input limits
+:mod:`attnlab.serving.model` use it): the export's beam settings, its input limits
 (``config.json`` → ``serving``: per sentence, and per request for the served model),
 and "" → "". The folder is written by :func:`attnlab.export.trace.export_translation`.
 
 This is the served model's runtime: keep its imports to torch, sentencepiece and
-:mod:`attnlab.decoding`.
+:mod:`attnlab.inference.decoding`.
 """
+
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Sequence
 
 import torch
 
 from attnlab.data.special_tokens import BOS_ID, EOS_ID
-from attnlab.decoding import decodable, translate
+from attnlab.inference.decoding import decodable, translate
 
 # Longest source sentence a served/translated export accepts, in characters (Unicode code
 # points). Multi30k's longest English sentence has about 220 (test_2017_flickr); beam search
@@ -40,8 +41,8 @@ DEFAULT_MAX_INPUT_CHARS = 500
 # 1.9-2.6 s; 3 token-dense sentences (1,230 characters, 993 tokens) 4.5-6.1 s (English at
 # the 4,000-character limit is about 860 tokens). In-process with
 # two threads on the busy cores, 5-10× slower: 32 test sentences 12-18 s, 4 × 500 characters
-# 11-21 s, 4 token-dense × 500 characters (1,610 tokens, over the limit) 37-42 s. See README
-# "Serving a model over HTTP".
+# 11-21 s, 4 token-dense × 500 characters (1,610 tokens, over the limit) 37-42 s. See the
+# serving how-to of the documentation.
 DEFAULT_MAX_REQUEST_SENTENCES = 32
 # The decoders an export folder may hold (config.json → engines): attnlab's own decoding loops
 # over the traced model ("torch": every model, exactly the checkpoint's and evaluate's tokens),
@@ -82,15 +83,18 @@ def load_translator(export_dir: Path):
     d = Path(export_dir)
     cfg_path = d / "config.json"
     if not cfg_path.exists():
-        raise FileNotFoundError(f"{cfg_path} not found; export first with "
-                                "`python src/export.py model=<name>` or `dvc repro`")
+        raise FileNotFoundError(
+            f"{cfg_path} not found; export first with `python src/export.py model=<name>` or `dvc repro`"
+        )
     config = json.loads(cfg_path.read_text())
     runtime = config.get("runtime") or {}  # older exports: TorchScript init_state.pt, step.pt
     step_file = runtime.get("files", {}).get("step", "step.pt")
     if not (d / step_file).exists():  # a regression export holds model.pt alone
-        raise ValueError(f"{d} has no step function: it is not a translation model's export "
-                         f"(config.json says task {config.get('task')!r}); pass one, e.g. "
-                         "models/transformer, or export it again with `python src/export.py model=<name>`")
+        raise ValueError(
+            f"{d} has no step function: it is not a translation model's export "
+            f"(config.json says task {config.get('task')!r}); pass one, e.g. "
+            "models/transformer, or export it again with `python src/export.py model=<name>`"
+        )
     init_state = _load_function(d, runtime, "init_state")
     step = _load_function(d, runtime, "step")
     tokenizer = load_sentencepiece(d / "spm.model")
@@ -110,6 +114,7 @@ class Alignment:
             the attention over the source while the model chose output token t; each row sums
             to 1. A sentence with nothing to translate has T = S = 0.
     """
+
     translation: str
     source_tokens: list[str]
     target_tokens: list[str]
@@ -117,15 +122,20 @@ class Alignment:
     weights: torch.Tensor
 
     def as_json(self) -> dict:
-        """The served model's answer for one sentence (README "Alignments"): the fields above,
+        """The served model's answer for one sentence (docs: How-to, serving): the fields above,
         ``attention`` = ``weights`` as nested lists [layer][head][target][source], and
         ``alignment`` = the mean over the heads of the last layer [target][source] (fairseq's
         ``--print-alignment`` convention; for Bahdanau, its one map)."""
         w = self.weights
         last = w[-1].mean(0) if w.shape[0] else w.new_zeros(0, 0)
-        return {"translation": self.translation, "source_tokens": list(self.source_tokens),
-                "target_tokens": list(self.target_tokens), "attention_kind": self.kind,
-                "alignment": last.tolist(), "attention": w.tolist()}
+        return {
+            "translation": self.translation,
+            "source_tokens": list(self.source_tokens),
+            "target_tokens": list(self.target_tokens),
+            "attention_kind": self.kind,
+            "alignment": last.tolist(),
+            "attention": w.tolist(),
+        }
 
 
 class InputTooLongError(ValueError):
@@ -162,10 +172,10 @@ class Translator:
 
     Decodes with the export's ``decoding`` settings (``config.json`` → ``decoding``,
     else ``model_config.decoding``, else greedy) unless ``beam_size``/``alpha`` are
-    given, through :func:`attnlab.decoding.translate_text`, so it returns exactly
+    given, through :func:`attnlab.inference.decoding.translate_text`, so it returns exactly
     the strings that function returns for the non-empty sentences.
     A sentence with nothing to translate (empty, whitespace, control or invisible format
-    characters alone, or no token but the </s>: :func:`attnlab.decoding.decodable`) translates
+    characters alone, or no token but the </s>: :func:`attnlab.inference.decoding.decodable`) translates
     to "" without decoding, on every engine.
 
     Args:
@@ -186,8 +196,14 @@ class Translator:
         UnknownEngineError: ``engine`` is not one of :data:`ENGINES` or not in this export.
     """
 
-    def __init__(self, export_dir: Path, beam_size: int | None = None, alpha: float | None = None,
-                 batch_size: int = 128, engine: str = DEFAULT_ENGINE):
+    def __init__(
+        self,
+        export_dir: Path,
+        beam_size: int | None = None,
+        alpha: float | None = None,
+        batch_size: int = 128,
+        engine: str = DEFAULT_ENGINE,
+    ):
         self.export_dir = Path(export_dir)
         self.init_state, self.step, self.tokenizer, self.config = load_translator(export_dir)
         dec = self.config.get("decoding") or self.config.get("model_config", {}).get("decoding") or {}
@@ -196,8 +212,7 @@ class Translator:
         limits = self.config.get("serving") or {}  # exports older than the limit get the default
         self.max_input_chars = int(limits.get("max_input_chars") or DEFAULT_MAX_INPUT_CHARS)
         self.max_input_tokens = limits.get("max_input_tokens")
-        self.max_request_sentences = int(limits.get("max_request_sentences")
-                                         or DEFAULT_MAX_REQUEST_SENTENCES)
+        self.max_request_sentences = int(limits.get("max_request_sentences") or DEFAULT_MAX_REQUEST_SENTENCES)
         self.max_request_chars = int(limits.get("max_request_chars") or DEFAULT_MAX_REQUEST_CHARS)
         self.max_request_tokens = int(limits.get("max_request_tokens") or DEFAULT_MAX_REQUEST_TOKENS)
         self.batch_size = batch_size
@@ -208,11 +223,13 @@ class Translator:
     def check_engine(self, engine: str) -> str:
         """``engine`` if this export holds it, else :class:`UnknownEngineError` naming those it has."""
         if engine not in self.engines:
-            why = ("not an engine" if engine not in ENGINES else
-                   "not in this export (CTranslate2 runs Transformers only; export one again "
-                   "with `python src/export.py model=transformer` to add it)")
-            raise UnknownEngineError(f"engine {engine!r} is {why}; this model has "
-                                     f"{', '.join(self.engines)}")
+            why = (
+                "not an engine"
+                if engine not in ENGINES
+                else "not in this export (CTranslate2 runs Transformers only; export one again "
+                "with `python src/export.py model=transformer` to add it)"
+            )
+            raise UnknownEngineError(f"engine {engine!r} is {why}; this model has {', '.join(self.engines)}")
         return engine
 
     def check_lengths(self, sentences: Sequence[str]) -> list[list[int]] | None:
@@ -220,15 +237,22 @@ class Translator:
 
         Returns the sentences' token ids when the token limit needed them, else None.
         """
-        _first_over([len(text) for text in sentences], self.max_input_chars,
-                    "characters; this model translates at most", "characters per sentence "
-                    "(max_input_chars). Split the text into sentences and send each as its own input.")
+        _first_over(
+            [len(text) for text in sentences],
+            self.max_input_chars,
+            "characters; this model translates at most",
+            "characters per sentence "
+            "(max_input_chars). Split the text into sentences and send each as its own input.",
+        )
         if self.max_input_tokens is None:
             return None
         ids = self.tokenizer.encode(list(sentences))
-        _first_over([len(seq) for seq in ids], self.max_input_tokens,
-                    "sentencepiece tokens; this model encodes at most", "tokens per sentence "
-                    "(max_input_tokens). Split the text into shorter sentences.")
+        _first_over(
+            [len(seq) for seq in ids],
+            self.max_input_tokens,
+            "sentencepiece tokens; this model encodes at most",
+            "tokens per sentence (max_input_tokens). Split the text into shorter sentences.",
+        )
         return ids
 
     def check_request(self, sentences: Sequence[str]) -> None:
@@ -251,11 +275,13 @@ class Translator:
         if not isinstance(sentences, (list, tuple)):
             raise InvalidRequestError(
                 f"expected a list of sentences (strings), got {type(sentences).__name__}; "
-                'send {"inputs": ["sentence 1", "sentence 2", ...]}')
+                'send {"inputs": ["sentence 1", "sentence 2", ...]}'
+            )
         if not sentences:
             raise EmptyRequestError(
                 "the request has no sentences (an empty list); send at least one: "
-                '{"inputs": ["A man rides a bike."]}')
+                '{"inputs": ["A man rides a bike."]}'
+            )
         n = len(sentences)
         if n > self.max_request_sentences:
             raise RequestTooLargeError(
@@ -263,13 +289,15 @@ class Translator:
                 f"{self.max_request_sentences} sentences per request "
                 f"(serving.max_request_sentences). Split it into "
                 f"{-(-n // self.max_request_sentences)} or more requests of at most "
-                f"{self.max_request_sentences} sentences each.")
+                f"{self.max_request_sentences} sentences each."
+            )
         for i, text in enumerate(sentences):
             if not isinstance(text, str):
                 kind = "null" if text is None else type(text).__name__
                 raise InvalidRequestError(
                     f"input {i} is {kind}, not a string; send each sentence as a JSON string: "
-                    '{"inputs": ["sentence 1", "sentence 2", ...]}')
+                    '{"inputs": ["sentence 1", "sentence 2", ...]}'
+                )
         chars = sum(len(s) for s in sentences)
         if chars > self.max_request_chars:
             raise RequestTooLargeError(
@@ -277,7 +305,8 @@ class Translator:
                 f"translates at most {self.max_request_chars} characters per request "
                 f"(serving.max_request_chars). Split it into requests of at most "
                 f"{self.max_request_chars} characters (and {self.max_request_sentences} "
-                "sentences) each.")
+                "sentences) each."
+            )
         ids = self.check_lengths(sentences)
         if ids is None:
             ids = self.tokenizer.encode(list(sentences))
@@ -287,7 +316,8 @@ class Translator:
                 f"the request has {tokens} sentencepiece tokens in its {n} sentences; this "
                 f"model decodes at most {self.max_request_tokens} tokens per request "
                 f"(serving.max_request_tokens; text without spaces, digits and rare scripts "
-                "take more tokens per character). Split it into requests of fewer sentences.")
+                "take more tokens per character). Split it into requests of fewer sentences."
+            )
 
     def __call__(self, sentences: Sequence[str]) -> list[str]:
         """Translate ``sentences`` (list of str) → one str per sentence, input order.
@@ -318,8 +348,9 @@ class Translator:
         self.check_lengths(sentences)
         return self._align(sentences)
 
-    def serve(self, sentences: Sequence[str], alignments: bool = False,
-              engine: str | None = None) -> list[str] | list[dict]:
+    def serve(
+        self, sentences: Sequence[str], alignments: bool = False, engine: str | None = None
+    ) -> list[str] | list[dict]:
         """One request of the served model: :meth:`check_request`, then translate like
         :meth:`__call__`, or with ``alignments`` like :meth:`align` (each sentence's
         :meth:`Alignment.as_json`), with ``engine`` (default: this translator's).
@@ -338,19 +369,28 @@ class Translator:
 
     def _translate(self, sentences: list[str], engine: str | None = None) -> list[list[int]]:
         """Output ids of checked sentences with ``engine`` (default: this translator's); those
-        without text give [] undecoded (:func:`attnlab.decoding.translate` skips them)."""
+        without text give [] undecoded (:func:`attnlab.inference.decoding.translate` skips them)."""
         engine = engine or self.engine
         if engine == "torch":
-            return translate(self.init_state, self.step, self.tokenizer, sentences,
-                             batch_size=self.batch_size, beam_size=self.beam_size, alpha=self.alpha)
+            return translate(
+                self.init_state,
+                self.step,
+                self.tokenizer,
+                sentences,
+                batch_size=self.batch_size,
+                beam_size=self.beam_size,
+                alpha=self.alpha,
+            )
         if engine not in self._ctranslate2:  # loaded once, on first use
             from attnlab.export.ctranslate2 import CTranslate2Translator
 
             quantization = {v: k for k, v in CTRANSLATE2_ENGINES.items()}[engine]
             self._ctranslate2[engine] = CTranslate2Translator(
-                self.export_dir / "ctranslate2" / quantization, self.tokenizer)
-        return self._ctranslate2[engine].translate(sentences, beam_size=self.beam_size,
-                                                   alpha=self.alpha, batch_size=self.batch_size)
+                self.export_dir / "ctranslate2" / quantization, self.tokenizer
+            )
+        return self._ctranslate2[engine].translate(
+            sentences, beam_size=self.beam_size, alpha=self.alpha, batch_size=self.batch_size
+        )
 
     def _decode(self, sentences: list[str], engine: str | None = None) -> list[str]:
         """Translate checked sentences (:meth:`_translate`), detokenized."""
@@ -365,9 +405,12 @@ class Translator:
                 raise FileNotFoundError(
                     f"{self.export_dir / file} not found: this export predates alignments. Export "
                     f"it again with `python src/export.py model={self.config.get('model', '<name>')}` "
-                    "(or `dvc repro`)")
-            self._attention = (_load_function(self.export_dir, runtime, "attention"),
-                               self.config["cross_attention"])
+                    "(or `dvc repro`)"
+                )
+            self._attention = (
+                _load_function(self.export_dir, runtime, "attention"),
+                self.config["cross_attention"],
+            )
         return self._attention
 
     @torch.no_grad()
@@ -379,8 +422,9 @@ class Translator:
         for sentence, ids in zip(sentences, self._translate(sentences, engine)):
             src, valid = self.tokenizer.encode_sources([sentence])
             if not bool(decodable([sentence], valid)[0]):  # translate() did not decode it
-                out.append(Alignment("", [], [], spec["kind"],
-                                     torch.zeros(spec["layers"], spec["heads"], 0, 0)))
+                out.append(
+                    Alignment("", [], [], spec["kind"], torch.zeros(spec["layers"], spec["heads"], 0, 0))
+                )
                 continue
             tgt_in = torch.tensor([[BOS_ID] + ids], dtype=torch.long)
             if spec["mode"] == "teacher_forced":
@@ -392,7 +436,13 @@ class Translator:
                     rows.append(w[0])  # (1, S)
                 weights = torch.cat(rows)[None, None]  # (1, 1, T, S)
             piece = self.tokenizer.source_id_to_piece
-            out.append(Alignment(self.tokenizer.decode(ids), [piece(int(i)) for i in src[0]],
-                                 [self.tokenizer.id_to_piece(i) for i in ids + [EOS_ID]],
-                                 spec["kind"], weights.float()))
+            out.append(
+                Alignment(
+                    self.tokenizer.decode(ids),
+                    [piece(int(i)) for i in src[0]],
+                    [self.tokenizer.id_to_piece(i) for i in ids + [EOS_ID]],
+                    spec["kind"],
+                    weights.float(),
+                )
+            )
         return out

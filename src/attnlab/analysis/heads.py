@@ -5,8 +5,9 @@ attention rows (Voita et al. 2019, "Analyzing Multi-Head Self-Attention", sectio
 is the mean of each row's largest weight), and how far its arg-max source position lies from
 the diagonal; :func:`head_statistics` gives them for every layer and head of a model on one
 batch, as metric names that line up across runs. How much each head matters is
-:mod:`attnlab.pruning`'s (an analysis of a trained model, not part of training).
+:mod:`attnlab.analysis.pruning`'s (an analysis of a trained model, not part of training).
 """
+
 from __future__ import annotations
 
 import torch
@@ -19,8 +20,9 @@ def _valid(lens: torch.Tensor, size: int) -> torch.Tensor:
     return torch.arange(size, device=lens.device)[None] < lens[:, None]
 
 
-def row_statistics(weights: torch.Tensor, query_lens: torch.Tensor,
-                   key_lens: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+def row_statistics(
+    weights: torch.Tensor, query_lens: torch.Tensor, key_lens: torch.Tensor | None = None
+) -> tuple[torch.Tensor, torch.Tensor]:
     """Mean entropy and mean confidence of each head's attention rows.
 
     Args:
@@ -87,8 +89,12 @@ def head_statistics(net, batch: dict[str, torch.Tensor]) -> dict[str, float]:
     src_lens = batch["src_valid_lens"]
     tgt_lens = (batch["tgt_out"] != PAD_ID).sum(1)
     maps = net.attention_maps(batch["src"], src_lens, batch["tgt_in"])
-    lens = {"encoder_self": (src_lens, src_lens), "decoder_self": (tgt_lens, None),
-            "encoder_decoder": (tgt_lens, src_lens), "alignment": (tgt_lens, src_lens)}
+    lens = {
+        "encoder_self": (src_lens, src_lens),
+        "decoder_self": (tgt_lens, None),
+        "encoder_decoder": (tgt_lens, src_lens),
+        "alignment": (tgt_lens, src_lens),
+    }
     out = {}
     for kind, layers in maps.items():
         queries, keys = lens[kind]

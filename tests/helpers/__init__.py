@@ -1,0 +1,1 @@
+"""Shared test helpers: tiny corpora and projects, the import graph, the browser, the served model."""
