@@ -5,7 +5,7 @@
         --out outputs/val_choice.json --write outputs/chosen.ckpt
 
 Input: the weights a Transformer run kept at the end of every epoch, one Lightning checkpoint
-each. A run keeps them with a second ``ModelCheckpoint`` (README "The full profile"), in a
+each. A run keeps them with a second ``ModelCheckpoint`` (docs/how-to/full-profile.md), in a
 folder of its own outside ``checkpoints/`` (a DVC output) and outside other runs' folders:
 
     python src/train.py +experiment=full data.tgt_lang=de '+callbacks.every_epoch={_target_:
@@ -67,7 +67,7 @@ def epoch_checkpoints(folder: Path) -> list[tuple[int, Path]]:
     if not found:
         raise SystemExit(
             f"{folder} holds no *.ckpt; train with the per-epoch ModelCheckpoint of this "
-            "script's docstring (README 'The full profile')"
+            "script's docstring (docs/how-to/full-profile.md)"
         )
     twice = {epoch: paths for epoch, paths in found.items() if len(paths) > 1}
     if twice:

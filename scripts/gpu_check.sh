@@ -9,5 +9,5 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 [ -x .venv/bin/python ] || ./scripts/setup.sh
 .venv/bin/python -c 'import torch, sys; sys.exit(0 if torch.cuda.is_available() else
-  "no CUDA device visible to torch (pip may have installed a CPU build; see README)")'
+  "no CUDA device visible to torch (pip may have installed a CPU build; see docs/how-to/gpu.md)")'
 PATH="$PWD/.venv/bin:$PATH" .venv/bin/python scripts/gpu_check.py "$@"

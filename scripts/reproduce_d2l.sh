@@ -3,7 +3,7 @@
 # D2L's exact data pipeline (data=fra_eng_d2l) and hyperparameters
 # (conf/profile/fra_eng_d2l_<model>.yaml), then the book's four-sentence table.
 # Needs data/raw/fra-eng.zip (`dvc repro download` or `python src/download.py`).
-# Runs on the CPU (device=cpu) like the README's table; extra arguments are Hydra
+# Runs on the CPU (device=cpu) like the table of docs/how-to/reproduce-d2l.md; extra arguments are Hydra
 # overrides for every step and win, e.g. seed=1 or device=auto.
 # Outputs go to d2l/ (checkpoints, runs, metrics) and the MLflow store.
 set -euo pipefail

@@ -123,8 +123,8 @@ class Alignment:
 
     def as_json(self) -> dict:
         """The served model's answer for one sentence (docs: How-to, serving): the fields above,
-        ``attention`` = ``weights`` as nested lists [layer][head][target][source], and
-        ``alignment`` = the mean over the heads of the last layer [target][source] (fairseq's
+        ``attention`` = ``weights`` as nested lists ``[layer][head][target][source]``, and
+        ``alignment`` = the mean over the heads of the last layer ``[target][source]`` (fairseq's
         ``--print-alignment`` convention; for Bahdanau, its one map)."""
         w = self.weights
         last = w[-1].mean(0) if w.shape[0] else w.new_zeros(0, 0)
