@@ -1,0 +1,293 @@
+"""Results as data: results/*.csv, and the tables scripts/results_tables.py writes from them
+(README.md between its results markers, docs/results/*.md)."""
+
+import csv
+import importlib.util
+import json
+import re
+import shutil
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+_spec = importlib.util.spec_from_file_location("results_tables", ROOT / "scripts" / "results_tables.py")
+assert _spec and _spec.loader
+rt = importlib.util.module_from_spec(_spec)
+sys.modules["results_tables"] = rt
+_spec.loader.exec_module(rt)
+
+
+def _rows(path: Path) -> list[dict[str, str]]:
+    with path.open(newline="", encoding="utf-8") as f:
+        return list(csv.DictReader(f))
+
+
+RUNS = _rows(ROOT / "results" / "runs.csv")
+MACHINES = _rows(ROOT / "results" / "machines.csv")
+
+
+# ------------------------------------------------------------------------- the project's own
+
+
+def test_the_generated_tables_are_not_stale():
+    assert rt.stale(ROOT) == [], "run: python scripts/results_tables.py"
+
+
+def test_the_csvs_are_well_formed():
+    assert list(RUNS[0]) == rt.RUN_COLUMNS
+    assert list(MACHINES[0]) == rt.MACHINE_COLUMNS
+    assert rt.problems(RUNS, MACHINES) == []
+    # the same rules, spelled out
+    machines = {m["machine"] for m in MACHINES}
+    assert len(machines) == len(MACHINES)
+    for r in RUNS:
+        assert r["machine"] in machines, r
+        assert re.fullmatch(r"[0-9a-f]{7,40}", r["commit"]), r
+        for column in rt.REQUIRED:
+            assert r[column], (column, r)
+        for column in rt.BLEU_COLUMNS:
+            if r[column]:
+                assert 0 <= float(r[column]) <= 100, (column, r)
+        if r["model"] == "nw":
+            assert float(r["nw_mse"]) >= 0
+    # every machine is used, and every profile the headline shows has rows
+    assert machines == {r["machine"] for r in RUNS}
+    assert {"default", "full"} <= {r["profile"] for r in RUNS}
+
+
+def test_problems_names_each_broken_rule():
+    good = next(r for r in RUNS if r["model"] == "transformer" and r["test_2016_flickr_bleu"])
+    bad = [
+        good | {"machine": "cray-1"},
+        good | {"run": "x2", "commit": "HEAD~1"},
+        good | {"run": "x3", "test_2016_flickr_bleu": "101"},
+        good | {"run": "x4", "source": ""},
+        good | {"run": "x5", "model": "nw"},
+    ]
+    found = "\n".join(rt.problems([good, *bad], MACHINES))
+    assert "machine 'cray-1' is not in results/machines.csv" in found
+    assert "commit 'HEAD~1' is not 7 to 40 lowercase hex digits" in found
+    assert "test_2016_flickr_bleu = 101.0 is outside 0-100" in found
+    assert "source is empty" in found
+    assert "a Nadaraya–Watson row has nw_mse and no BLEU" in found
+    assert f"run {good['run']!r} has two rows for 'transformer'" in found
+
+
+@pytest.mark.parametrize("model", ["transformer", "bahdanau"])
+def test_the_committed_translation_metrics_are_a_row(model):
+    m = json.loads((ROOT / "metrics" / f"{model}.json").read_text())
+    more = m["more_test_sets"]["test_2017_flickr"]
+    want = {
+        "test_2016_flickr_bleu": m["bleu"],
+        "test_2016_flickr_bleu_lc": m["bleu_lc"],
+        "test_2016_flickr_chrf": m["chrf"],
+        "test_2017_flickr_bleu": more["bleu"],
+        "test_2017_flickr_bleu_lc": more["bleu_lc"],
+        "test_2017_flickr_chrf": more["chrf"],
+    }
+    rows = [
+        r
+        for r in RUNS
+        if r["model"] == model
+        and (r["corpus"], r["src_lang"], r["tgt_lang"]) == (m["corpus"], m["src_lang"], m["tgt_lang"])
+        and all(r[k] and float(r[k]) == v for k, v in want.items())
+        and (r["signature_bleu"], r["signature_bleu_lc"], r["signature_chrf"])
+        == (m["signature"]["bleu"], m["signature"]["bleu_lc"], m["signature"]["chrf"])
+    ]
+    assert rows, f"metrics/{model}.json is in no row of results/runs.csv: add it (CONTRIBUTING.md)"
+
+
+def test_the_committed_nw_metrics_are_a_row():
+    mse = json.loads((ROOT / "metrics" / "nw.json").read_text())["mse"]
+    assert any(r["model"] == "nw" and r["nw_mse"] and float(r["nw_mse"]) == mse for r in RUNS)
+
+
+# ------------------------------------------------------------------ the generator on its own
+
+
+MACHINES_CSV = """\
+machine,cpu_model,cores,memory,avx2,avx512f,avx512_bf16,amx_bf16,seen,notes,source
+box-a,CPU A,2,8 GiB,yes,no,no,no,day 1,a test machine,by hand
+box-b,CPU B,4,,yes,yes,yes,yes,day 2,another,by hand
+"""
+
+
+def _run(run, model="transformer", **values):
+    row = dict.fromkeys(rt.RUN_COLUMNS, "")
+    row |= {
+        "run": run, "commit": "abc1234", "commit_is": "code", "date": "2026-01-02", "profile": "default",
+        "recipe": "r2", "corpus": "multi30k", "src_lang": "en", "tgt_lang": "fr", "model": model,
+        "machine": "box-a", "source": "by hand",
+    }  # fmt: skip
+    if model == "nw":
+        row |= {"corpus": "synthetic", "src_lang": "", "tgt_lang": ""}
+    return row | {k: str(v) for k, v in values.items()}
+
+
+def _tiny_project(tmp_path: Path, runs: list[dict[str, str]]) -> Path:
+    (tmp_path / "results").mkdir()
+    (tmp_path / "results" / "machines.csv").write_text(MACHINES_CSV)
+    rt.write_csv(tmp_path / "results" / "runs.csv", rt.RUN_COLUMNS, runs)
+    (tmp_path / "README.md").write_text(f"# Tiny\n\nBefore.\n\n{rt.START}\nold table\n{rt.END}\n\nAfter.\n")
+    return tmp_path
+
+
+TINY_RUNS = [
+    _run("a1", test_2016_flickr_bleu=52.43, test_2017_flickr_bleu=43.83, threads=2),
+    _run("a1", "nw", nw_mse=0.09552028775215149, threads=2),
+    _run("a2", test_2016_flickr_bleu=51.62, test_2017_flickr_bleu=44.46, machine="box-b", threads=1),
+    _run("a3", test_2016_flickr_bleu=52.0149, machine="box-b", threads=2, date="2026-01-03"),
+    _run("a4", test_2016_flickr_bleu=51.95, date="2026-01-03"),
+    _run("a5", test_2016_flickr_bleu=34.39, tgt_lang="de"),
+    _run("old", test_2016_flickr_bleu=49.39, recipe="r1", date="2026-01-01"),
+    _run("f1", test_2016_flickr_bleu=59.73, profile="full", recipe="p1", threads=1),
+]
+
+
+def test_the_headline_is_the_range_of_the_current_recipe(tmp_path):
+    root = _tiny_project(tmp_path, TINY_RUNS)
+    assert rt.stale(root) == ["docs/results/index.md", "docs/results/runs.md", "docs/results/machines.md",
+                              "README.md"]  # fmt: skip
+    assert len(rt.write(root)) == 4
+    assert rt.stale(root) == []
+
+    index = (root / "docs/results/index.md").read_text()
+    assert index.startswith(rt.GENERATED + "\n")
+    assert "The recipe as of `r2`: 5 runs on 2 machines (box-a, box-b)." in index
+    row = "| Transformer | en→fr | 51.62–52.43 (4 runs) | — | 43.83–44.46 (2 runs) | {} |"
+    assert row.format("box-a (2, ?), box-b (1, 2)") in index
+    assert "| Transformer | en→de | 34.39 (1 run) | — | — | box-a (?) |" in index
+    assert "| Nadaraya–Watson | (synthetic) | 0.0955 (1 run) | — | — | box-a (2) |" in index
+    assert "| Transformer | en→fr | 59.73 (1 run) | — | — | box-a (1) |" in index  # the full profile
+    assert "| default | `r1` | Transformer | en→fr | 49.39 (1 run) | — | box-a (?) |" in index
+    assert "49.39" not in index.split("## Earlier recipes")[0]  # an older recipe is not in the headline
+
+    readme = (root / "README.md").read_text()
+    before, block = readme.split(rt.START + "\n")
+    block, after = block.split(rt.END)
+    assert before == "# Tiny\n\nBefore.\n\n" and after == "\n\nAfter.\n"
+    assert block.startswith(rt.GENERATED)
+    # the README names no machine and no thread count: those are on the docs' results pages
+    assert "| default | Transformer | en→fr | 51.62–52.43 (4 runs) | 43.83–44.46 (2 runs) |\n" in block
+    assert "| full | Transformer | en→fr | 59.73 (1 run) | — |\n" in block
+    assert "box-a" not in block and "box-b" not in block
+    assert "old table" not in block
+
+    runs_md = (root / "docs/results/runs.md").read_text()
+    assert runs_md.index("## default, recipe `r2`") < runs_md.index("## default, recipe `r1`")
+    assert "| a3 | 2026-01-03 | abc1234 | Transformer | en→fr | box-b | 2 |  | 52.01 / – / – |" in runs_md
+    machines_md = (root / "docs/results/machines.md").read_text()
+    assert "| box-a | CPU A | 2 | 8 GiB | yes | no | no | no | 5 | day 1 |" in machines_md
+    assert "| box-b | CPU B | 4 |  | yes | yes | yes | yes | 2 | day 2 |" in machines_md
+
+
+def test_check_names_the_stale_files_and_writes_nothing(tmp_path, capsys):
+    root = _tiny_project(tmp_path, TINY_RUNS)
+    rt.write(root)
+    runs = [*TINY_RUNS[:-1], _run("f1", test_2016_flickr_bleu=60.01, profile="full", recipe="p1")]
+    rt.write_csv(root / "results" / "runs.csv", rt.RUN_COLUMNS, runs)
+    index = (root / "docs/results/index.md").read_text()
+    assert rt.main(["--root", str(root), "--check"]) == 1
+    out = capsys.readouterr().out
+    assert "stale: docs/results/index.md" in out and "stale: README.md" in out
+    assert "stale: docs/results/machines.md" not in out
+    assert (root / "docs/results/index.md").read_text() == index
+    assert rt.main(["--root", str(root)]) == 0
+    assert rt.main(["--root", str(root), "--check"]) == 0
+    assert "60.01 (1 run)" in (root / "docs/results/index.md").read_text()
+
+
+def test_a_readme_without_markers_is_stale_and_not_written(tmp_path):
+    root = _tiny_project(tmp_path, TINY_RUNS)
+    (root / "README.md").write_text("# Tiny\n")
+    assert rt.stale(root)[-1].startswith("README.md (README.md has no line")
+    with pytest.raises(rt.MarkersMissing):
+        rt.write(root)
+    assert (root / "README.md").read_text() == "# Tiny\n"
+    assert (root / "docs/results/index.md").exists()
+
+
+def test_a_malformed_csv_stops_the_generator(tmp_path):
+    root = _tiny_project(tmp_path, [*TINY_RUNS, _run("bad", test_2016_flickr_bleu=52, machine="box-z")])
+    with pytest.raises(ValueError, match="machine 'box-z' is not in results/machines.csv"):
+        rt.write(root)
+    assert rt.main(["--root", str(root), "--check"]) == 2
+
+
+# -------------------------------------------------------------------------------- add-run
+
+
+def _project_copy(tmp_path: Path) -> Path:
+    root = tmp_path / "project"
+    shutil.copytree(ROOT / "results", root / "results")
+    (root / "README.md").write_text(f"# attnlab\n\n{rt.START}\n{rt.END}\n")
+    metrics = root / "metrics"
+    metrics.mkdir()
+    for name in ("transformer.json", "bahdanau.json", "nw.json", "transformer.heads.json"):
+        shutil.copy(ROOT / "metrics" / name, metrics / name)
+    t = json.loads((metrics / "transformer.json").read_text())
+    t["bleu"] = 51.5123
+    t["more_test_sets"]["test_2017_flickr"]["bleu"] = 44.1
+    (metrics / "transformer.json").write_text(json.dumps(t))
+    runs = root / "runs"
+    runs.mkdir()
+    (runs / "transformer.json").write_text(json.dumps({"run_id": "a" * 32, "experiment": "attnlab"}))
+    (runs / "bahdanau.json").write_text(json.dumps({"run_id": "b" * 32}))
+    return root
+
+
+def test_add_run_appends_one_row_per_model_and_rewrites_the_tables(tmp_path, capsys):
+    root = _project_copy(tmp_path)
+    before = _rows(root / "results" / "runs.csv")
+    args = ["--root", str(root), "add-run", "--commit", "abcdef1", "--machine", "xeon-amx", "--threads", "1",
+            "--concurrent", "nothing", "--minutes", "17.5", "--date", "2026-12-03"]  # fmt: skip
+    assert rt.main(args) == 0
+    after = _rows(root / "results" / "runs.csv")
+    assert after[: len(before)] == before
+    new = after[len(before) :]
+    assert [r["model"] for r in new] == ["transformer", "bahdanau", "nw"]
+    t, b, n = new
+    assert t["run"] == "abcdef1-xeon-amx" and t["commit"] == "abcdef1" and t["machine"] == "xeon-amx"
+    assert (t["profile"], t["recipe"], t["epochs"], t["precision"]) == ("default", "09bcf3d", "4", "fp32")
+    assert (t["threads"], t["concurrent"], t["minutes_repro"], t["date"]) == (
+        "1",
+        "nothing",
+        "17.5",
+        "2026-12-03",
+    )
+    assert float(t["test_2016_flickr_bleu"]) == 51.5123 and float(t["test_2017_flickr_bleu"]) == 44.1
+    assert t["signature_bleu"] == "nrefs:1|case:mixed|eff:no|tok:13a|smooth:exp|version:2.6.0"
+    assert t["decoding"] == "beam 5, alpha 1.0"
+    heads = json.loads((ROOT / "metrics" / "transformer.heads.json").read_text())
+    assert float(t["val_bleu_greedy"]) == heads["val_bleu"]
+    assert (t["mlflow_run_id"], b["mlflow_run_id"], n["mlflow_run_id"]) == ("a" * 32, "b" * 32, "")
+    assert b["epochs"] == "2" and n["corpus"] == "synthetic" and n["nw_mse"]
+    assert "added abcdef1-xeon-amx transformer: 51.5123" in capsys.readouterr().out
+
+    assert rt.stale(root) == []
+    index = (root / "docs/results/index.md").read_text()
+    default = index.split("## The full profile")[0]
+    assert "| Transformer | en→fr | 51.51–52.43 (7 runs) |" in default
+    assert "xeon-amx (1, 2)" in default
+
+    # the same run again, or a machine that is not in machines.csv: nothing is added
+    assert rt.main(args) == 2
+    assert "has two rows for 'transformer'" in capsys.readouterr().err
+    bad = [a if a != "xeon-amx" else "m1-max" for a in args]
+    bad[bad.index("abcdef1")] = "abcdef2"
+    assert rt.main(bad) == 2
+    assert "machine 'm1-max' is not in results/machines.csv" in capsys.readouterr().err
+    assert _rows(root / "results" / "runs.csv") == after
+
+
+def test_add_run_takes_mlflow_ids_and_the_recipe_from_its_options(tmp_path):
+    root = _project_copy(tmp_path)
+    args = ["--root", str(root), "add-run", "--commit", "abcdef1", "--machine", "epyc-avx2",
+            "--profile", "full", "--metrics-dir", str(root / "metrics"), "--runs-dir", str(tmp_path / "none"),
+            "--mlflow-run-id", "c" * 32, "--mlflow-run-id", "bahdanau=" + "d" * 32]  # fmt: skip
+    assert rt.main(args) == 0
+    new = _rows(root / "results" / "runs.csv")[-3:]
+    assert [r["mlflow_run_id"] for r in new] == ["c" * 32, "d" * 32, ""]
+    assert {r["recipe"] for r in new} == {"ad61121"} and {r["precision"] for r in new} == {""}
