@@ -26,7 +26,6 @@ import argparse
 import json
 import os
 import shutil
-import subprocess
 import sys
 import tempfile
 import time
@@ -37,46 +36,14 @@ sys.path.insert(0, str(ROOT / "tests"))
 
 from helpers.browser import BROWSERS, DevTools, mlflow_ui  # noqa: E402
 
+# Beyond the tests' client's flags: no background connections (the machines have no network
+# but the package registries, and Chromium's attempts are refused, many at a time).
 FLAGS = (
-    "--headless=new",
-    "--no-sandbox",
-    "--disable-gpu",
     "--disable-quic",
-    "--no-first-run",
     "--disable-background-networking",
     "--disable-component-update",
     "--disable-sync",
-    "--hide-scrollbars",
 )
-
-
-def open_chromium(browser: str, profile: Path, window: tuple[int, int]) -> DevTools:
-    """A :class:`DevTools` client of a headless Chromium started with this script's flags
-    (the tests' client starts its own with fewer)."""
-    chrome = DevTools.__new__(DevTools)
-    to_read, to_write = os.pipe()  # we write, Chromium reads on fd 3
-    from_read, from_write = os.pipe()  # Chromium writes on fd 4
-    args = [
-        browser,
-        *FLAGS,
-        f"--user-data-dir={profile}",
-        f"--window-size={window[0]},{window[1]}",
-        "--remote-debugging-pipe",
-        "about:blank",
-    ]
-    chrome._log = open(profile.parent / f"{profile.name}-chromium.log", "wb")  # noqa: SIM115 - closed by DevTools.__exit__
-    chrome._proc = subprocess.Popen(
-        ["bash", "-c", f'exec "$@" 3<&{to_read} 4>&{from_write}', "bash", *args],
-        pass_fds=(to_read, from_write),
-        stdin=subprocess.DEVNULL,
-        stdout=chrome._log,
-        stderr=subprocess.STDOUT,
-        start_new_session=True,
-    )
-    os.close(to_read)
-    os.close(from_write)
-    chrome._attach(to_write, from_read)
-    return chrome
 
 
 def drawn(state: str | None = None):
@@ -202,7 +169,7 @@ def main(argv: list[str] | None = None) -> None:
             )
     with tempfile.TemporaryDirectory(prefix="attnlab-shots-") as tmp:
         tmp = Path(tmp)
-        with open_chromium(browser, tmp / "profile", window) as chrome:
+        with DevTools(browser, tmp / "profile", window, FLAGS) as chrome:
             tab = show(chrome, f"{page.as_uri()}#{state}", window)
             chrome.wait_for(drawn(state), 90, f"the explorer drawn at {state}")
             time.sleep(1)
@@ -210,7 +177,7 @@ def main(argv: list[str] | None = None) -> None:
 
         env = {k: v for k, v in os.environ.items() if k != "MLFLOW_TRACKING_URI"}
         env["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{env.get('PATH', '')}"
-        with mlflow_ui(store, tmp, env) as ui, open_chromium(browser, tmp / "profile-ui", window) as chrome:
+        with mlflow_ui(store, tmp, env) as ui, DevTools(browser, tmp / "profile-ui", window, FLAGS) as chrome:
             base = f"{ui}/#/experiments/{experiment.experiment_id}"
             tab = show(chrome, f"{base}/runs", window)
             wait_for_text(chrome, tab, names)

@@ -22,6 +22,7 @@ import sys
 import time
 import urllib.parse
 import urllib.request
+from collections.abc import Sequence
 from pathlib import Path
 
 import pytest
@@ -153,7 +154,10 @@ class DevTools:
     exit.
     """
 
-    def __init__(self, browser: str, profile: Path, window: tuple[int, int] = WINDOW):
+    def __init__(
+        self, browser: str, profile: Path, window: tuple[int, int] = WINDOW, flags: Sequence[str] = ()
+    ):
+        """Start ``browser`` headless with ``profile``; ``flags`` are further command-line flags."""
         to_read, self._to = os.pipe()  # we write, Chromium reads on fd 3
         self._from, from_write = os.pipe()  # Chromium writes on fd 4
         args = [
@@ -165,6 +169,7 @@ class DevTools:
             "--hide-scrollbars",
             f"--user-data-dir={profile}",
             f"--window-size={window[0]},{window[1]}",
+            *flags,
             "--remote-debugging-pipe",
             "about:blank",
         ]
