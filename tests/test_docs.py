@@ -164,7 +164,13 @@ def _test_exists(file: str, name: str) -> bool:
 
 
 def test_the_site_builds_strictly_with_every_page_in_the_nav(tmp_path):
-    env = {**os.environ, "NO_MKDOCS_2_WARNING": "1", "DISABLE_MKDOCS_2_WARNING": "true"}
+    # the tutorial notebooks run in fast mode (tests/test_tutorials.py runs them too)
+    env = {
+        **os.environ,
+        "NO_MKDOCS_2_WARNING": "1",
+        "DISABLE_MKDOCS_2_WARNING": "true",
+        "ATTNLAB_TUTORIAL_FAST": "1",
+    }
     site = tmp_path / "site"
     out = subprocess.run(
         [sys.executable, "-m", "mkdocs", "build", "--strict", "--site-dir", str(site)],
@@ -191,6 +197,9 @@ def test_the_site_builds_strictly_with_every_page_in_the_nav(tmp_path):
         "Transformer",
     ):
         assert name in api, f"{name} is missing from the API reference"
+    for page in ("scoring", "scoring.zh"):  # executed: the page shows its outputs
+        html = (site / "tutorials" / page / "index.html").read_text(encoding="utf-8")
+        assert "this page ran in" in html and "data:image/png" in html, f"tutorials/{page} has no outputs"
 
 
 def test_the_config_reference_reads_keys_defaults_and_comments(tmp_path):

@@ -1,0 +1,321 @@
+# ---
+# jupyter:
+#   jupytext:
+#     formats: py:percent
+#     text_representation:
+#       extension: .py
+#       format_name: percent
+#   kernelspec:
+#     display_name: Python 3
+#     language: python
+#     name: python3
+# ---
+
+# %% [markdown]
+# # 注意力评分函数：为什么除以√d
+#
+# 本页对应《动手学深度学习》第 **10.3 节“注意力评分函数”**（英文版 11.3 节 “Attention Scoring
+# Functions”），用 attnlab 自己的代码回答一个问题：**缩放点积注意力为什么要把评分除以
+# $\sqrt{d}$？** 下文的每个结论都在本页上计算出来，并用 `assert` 检查；网站构建时会运行本页，
+# 测试（`tests/test_tutorials.py`）也会运行它，所以一旦某个结论不再成立，CI 就会失败。
+#
+# 你将：
+#
+# 1. 用 `masked_softmax` 对填充过的小批量做掩蔽softmax操作；
+# 2. 并排计时加性注意力和缩放点积注意力；
+# 3. 度量为什么要除以 $\sqrt{d}$：$\mathbf q^\top\mathbf k$ 的方差、它对 softmax 的影响、
+#    以及它对 softmax 梯度的影响。
+#
+# **运行时间。** 本页会给自己计时：最后一个单元格打印这里所展示的这次运行（完整模式）用了
+# 多久。快速模式（`ATTNLAB_TUTORIAL_FAST=1`，CI 运行的就是它）样本更少，断言相同。不需要
+# GPU、数据集或训练好的模型。自己运行：`python docs/tutorials/scoring.zh.py`，
+# 或借助 [jupytext](https://jupytext.readthedocs.io/) 在 Jupyter 中打开。
+
+# %%
+import math
+import os
+import time
+
+import matplotlib.pyplot as plt
+import torch
+from torch.utils import benchmark
+
+from attnlab.models import AdditiveAttention, DotProductAttention, masked_softmax
+
+START = time.perf_counter()
+FAST = os.environ.get("ATTNLAB_TUTORIAL_FAST") == "1"  # fewer samples, same assertions
+torch.manual_seed(0)
+print("mode:", "fast" if FAST else "full")
+
+# %% [markdown]
+# ## 1. 对填充过的小批量做掩蔽softmax操作
+#
+# 长短不一的序列组成小批量时要填充到同一长度。填充位置也是键，普通的 softmax 会给它们分配
+# 注意力权重。`masked_softmax(X, valid_lens)`（10.3.1 节“掩蔽softmax操作”）让超出有效长度的键的权重**恰好为
+# 0**，只在其余的键上归一化。下面是两个样本，各有四个键，有效长度分别为 2 和 3：
+
+# %%
+scores = torch.rand(2, 2, 4)  # (batch, queries, keys)
+valid_lens = torch.tensor([2, 3])
+weights = masked_softmax(scores, valid_lens)
+print(weights)
+
+# %%
+keys = torch.arange(4)
+masked = keys[None, None, :] >= valid_lens[:, None, None]  # True at padding, (2, 1, 4)
+assert torch.all(weights[masked.expand_as(weights)] == 0)  # exactly 0, not merely small
+assert torch.allclose(weights.sum(-1), torch.ones(2, 2))  # each query's weights sum to 1
+print("masked keys get exactly 0; every row sums to 1")
+
+# %% [markdown]
+# `valid_lens` 也可以为每个查询各给一个长度，形状为（批量大小，查询个数），解码器的因果掩蔽
+# 就是这样：
+
+# %%
+per_query = masked_softmax(scores, torch.tensor([[1, 3], [2, 4]]))
+print(per_query)
+assert torch.all(per_query[0, 0, 1:] == 0) and torch.all(per_query[0, 1, 3:] == 0)
+assert torch.allclose(per_query.sum(-1), torch.ones(2, 2))
+
+# %% [markdown]
+# ## 2. 加性注意力与缩放点积注意力并排比较
+#
+# 两者都把一个查询和一个键变成一个评分 $a(\mathbf q, \mathbf k)$，即注意力评分函数：
+#
+# - **加性注意力**（10.3.2 节）用只有一个隐藏层的多层感知机学习评分，
+#   $\mathbf w_v^\top \tanh(\mathbf W_q\mathbf q + \mathbf W_k\mathbf k)$；查询和键的长度可以不同；
+# - **缩放点积注意力**（10.3.3 节）没有参数，评分为 $\mathbf q^\top\mathbf k/\sqrt d$，
+#   但查询和键的长度必须相同，都是 $d$。
+#
+# 加性评分要为每一对（查询，键）算一个隐藏向量，即形状为（批量，查询，键，隐藏单元）的张量；
+# 点积只是一次批量矩阵乘法。我们在 $d$ 和序列长度 $n$（查询与键一样多）的一个小范围内，用
+# `torch.utils.benchmark` 在单个 CPU 线程上对两者计时，加性注意力的隐藏单元数取 $d$：
+
+# %%
+BATCH = 4
+MIN_RUN_TIME = 0.02 if FAST else 0.2  # seconds per measurement
+rows = []
+for d in (16, 64, 256):
+    for n in (16, 128):
+        q, k, v = torch.randn(BATCH, n, d), torch.randn(BATCH, n, d), torch.randn(BATCH, n, d)
+        additive = AdditiveAttention(key_size=d, query_size=d, num_hiddens=d).eval()
+        dot = DotProductAttention().eval()
+        with torch.no_grad():
+            assert additive(q, k, v).shape == dot(q, k, v).shape == (BATCH, n, d)
+        times = {}
+        for name, model in (("additive", additive), ("dot", dot)):
+            timer = benchmark.Timer(
+                stmt="with torch.no_grad(): model(q, k, v)",
+                globals={"torch": torch, "model": model, "q": q, "k": k, "v": v},
+                num_threads=1,
+            )
+            times[name] = timer.blocked_autorange(min_run_time=MIN_RUN_TIME).median
+        rows.append((d, n, times["additive"], times["dot"]))
+
+print(f"{'d':>4} {'n':>4} {'additive (ms)':>14} {'dot (ms)':>10} {'additive / dot':>15}")
+for d, n, t_add, t_dot in rows:
+    print(f"{d:>4} {n:>4} {t_add * 1e3:>14.3f} {t_dot * 1e3:>10.3f} {t_add / t_dot:>15.1f}")
+
+# %% [markdown]
+# 要看的是比值，而不是毫秒数（后者取决于机器）：加性评分为隐藏向量花费 $O(n^2 h)$ 的时间
+# *和内存*，点积则是 $O(n^2 d)$ 时间的一次矩阵乘法，BLAS 能以全速执行。这是 Transformer
+# 采用点积的原因之一。（上面只断言了输出形状；在共享的机器上，计时不是测试能守住的结论。）
+#
+# ## 3. 为什么除以 √d
+#
+# ### $\mathbf q^\top\mathbf k$ 的方差随 $d$ 线性增长
+#
+# 10.3.3 节假设查询 $\mathbf q$ 和键 $\mathbf k$ 的所有元素都是独立的随机变量，均值为 0、方差为 1。
+# 于是 $\mathbf q^\top\mathbf k = \sum_{i=1}^d q_i k_i$ 是 $d$ 个独立项之和，每项均值为 0、方差为
+# $\mathbb E[q_i^2]\,\mathbb E[k_i^2] = 1$，所以
+#
+# $$\operatorname{Var}(\mathbf q^\top\mathbf k) = d, \qquad
+# \operatorname{Var}\!\left(\frac{\mathbf q^\top\mathbf k}{\sqrt d}\right) = 1 .$$
+#
+# 对每个 $d$ 我们用 $N$ 个样本来度量。度量值应当离理论值多近？$N$ 个样本的样本方差 $s^2$
+# 的标准误差是 $\sqrt{(\mu_4 - \sigma^4)/N}$，其中 $\mu_4$ 是四阶中心矩。对元素服从正态分布的
+# $x = \mathbf q^\top\mathbf k$，由 $\mathbb E[q_i^4] = \mathbb E[k_i^4] = 3$ 得
+# $\mu_4 = 3d^2 + 6d$，因此 $\mathrm{SE}(s^2) = \sqrt{(2d^2 + 6d)/N}$（除以 $\sqrt d$ 之后为
+# $\sqrt{(2 + 6/d)/N}$）。我们断言每个度量值与 $d$（不缩放）和 1（缩放）之差都在 **5 个标准误差**以内。
+
+# %%
+DS = (4, 16, 64, 256)
+N = 20_000 if FAST else 200_000  # samples of (q, k) per d
+
+print(f"{'d':>4} {'Var(qk)':>10} {'5 SE':>8} {'Var(qk/sqrt d)':>15} {'5 SE':>7}")
+var_unscaled, var_scaled = [], []
+for d in DS:
+    q, k = torch.randn(N, d, dtype=torch.float64), torch.randn(N, d, dtype=torch.float64)
+    dots = (q * k).sum(-1)
+    v_raw, v_scaled = dots.var().item(), (dots / math.sqrt(d)).var().item()
+    se_raw, se_scaled = math.sqrt((2 * d**2 + 6 * d) / N), math.sqrt((2 + 6 / d) / N)
+    print(f"{d:>4} {v_raw:>10.3f} {5 * se_raw:>8.3f} {v_scaled:>15.4f} {5 * se_scaled:>7.4f}")
+    assert abs(v_raw - d) < 5 * se_raw, (d, v_raw)
+    assert abs(v_scaled - 1) < 5 * se_scaled, (d, v_scaled)
+    var_unscaled.append(v_raw)
+    var_scaled.append(v_scaled)
+
+# %%
+fig, ax = plt.subplots(figsize=(5, 3.5))
+ax.plot(DS, var_unscaled, "o-", label=r"$\mathbf{q}^\top\mathbf{k}$ (unscaled)")
+ax.plot(DS, var_scaled, "s-", label=r"$\mathbf{q}^\top\mathbf{k}/\sqrt{d}$ (scaled)")
+ax.plot(DS, DS, ":", color="gray", label="$d$")
+ax.set(xscale="log", yscale="log", xlabel="$d$", ylabel="measured variance")
+ax.set_xticks(DS, [str(d) for d in DS])
+ax.legend()
+plt.show()
+
+# %% [markdown]
+# ### 大的评分使 softmax 饱和
+#
+# 方差大为什么要紧？softmax 不是尺度无关的：评分乘以 $c$ 会让它变尖。不缩放时，评分的标准差
+# 是 $\sqrt d$（$d = 256$ 时为 16）：最大的评分比第二大的高出许多，softmax 几乎把全部权重
+# 放在一个键上，近似于*硬性*的 argmax。缩放后的评分在任何 $d$ 下标准差都是 1。
+#
+# 对每个 $d$，我们多次抽取一个查询和 $n = 64$ 个键，比较不缩放评分的 softmax 与 attnlab 的
+# `DotProductAttention`（它做了缩放）给出的注意力权重。记录最大的权重和熵
+# $-\sum_j \alpha_j \log \alpha_j$（权重均匀时最大，为 $\log 64 \approx 4.16$；独热时为 0）。
+
+# %%
+KEYS = 64
+TRIALS = 300 if FAST else 3_000
+
+
+def draw(d: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """A query, KEYS keys and values per trial: (TRIALS, 1, d), (TRIALS, KEYS, d), (TRIALS, KEYS, 1)."""
+    return torch.randn(TRIALS, 1, d), torch.randn(TRIALS, KEYS, d), torch.randn(TRIALS, KEYS, 1)
+
+
+def entropy(w: torch.Tensor) -> torch.Tensor:
+    return -(w * torch.log(w.clamp_min(1e-30))).sum(-1)
+
+
+stats = {"unscaled": {"max": [], "entropy": []}, "scaled": {"max": [], "entropy": []}}
+attention = DotProductAttention()
+for d in DS:
+    q, k, v = draw(d)
+    unscaled = masked_softmax(q @ k.transpose(1, 2), None)  # (TRIALS, 1, KEYS)
+    attention(q, k, v)
+    scaled = attention.attention_weights
+    # attnlab's DotProductAttention is exactly softmax(q kᵀ / √d)
+    assert torch.allclose(scaled, torch.softmax(q @ k.transpose(1, 2) / math.sqrt(d), -1), atol=1e-6)
+    for name, w in (("unscaled", unscaled), ("scaled", scaled)):
+        stats[name]["max"].append(w.max(-1).values.mean().item())
+        stats[name]["entropy"].append(entropy(w).mean().item())
+
+print(f"{'d':>4} {'max weight: unscaled':>21} {'scaled':>7} {'entropy: unscaled':>18} {'scaled':>7}")
+for i, d in enumerate(DS):
+    u, s = stats["unscaled"], stats["scaled"]
+    print(f"{d:>4} {u['max'][i]:>21.3f} {s['max'][i]:>7.3f} {u['entropy'][i]:>18.3f} {s['entropy'][i]:>7.3f}")
+
+# %%
+u, s = stats["unscaled"], stats["scaled"]
+# unscaled: the largest weight grows towards 1 and the entropy falls towards 0 as d grows
+assert all(a < b for a, b in zip(u["max"], u["max"][1:])), u["max"]
+assert all(a > b for a, b in zip(u["entropy"], u["entropy"][1:])), u["entropy"]
+# a clear gap at d = 256: the unscaled softmax is nearly one-hot, the scaled one is not
+assert u["max"][-1] > 0.8 and s["max"][-1] < 0.3, (u["max"][-1], s["max"][-1])
+assert u["entropy"][-1] < 0.5 and s["entropy"][-1] > 3.0, (u["entropy"][-1], s["entropy"][-1])
+# scaled: the same softmax at every d
+assert max(s["max"]) - min(s["max"]) < 0.05 and max(s["entropy"]) - min(s["entropy"]) < 0.15
+
+# %%
+fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(9, 3.5))
+for name, marker in (("unscaled", "o-"), ("scaled", "s-")):
+    ax1.plot(DS, stats[name]["max"], marker, label=name)
+    ax2.plot(DS, stats[name]["entropy"], marker, label=name)
+ax2.axhline(math.log(KEYS), color="gray", linestyle=":", label="uniform: log 64")
+ax1.set(xscale="log", xlabel="$d$", ylabel="mean largest weight", ylim=(0, 1.05))
+ax2.set(xscale="log", xlabel="$d$", ylabel="mean entropy (nats)")
+for ax in (ax1, ax2):
+    ax.set_xticks(DS, [str(d) for d in DS])
+    ax.legend()
+plt.show()
+
+# %% [markdown]
+# ### 饱和的 softmax 几乎传不回梯度
+#
+# 如果模型还能靠学习走出饱和，饱和本身无妨。但它做不到，因为 softmax 饱和之处梯度消失。
+# 对 $\boldsymbol\alpha = \operatorname{softmax}(\mathbf s)$，
+#
+# $$\frac{\partial \alpha_i}{\partial s_j} = \alpha_i(\delta_{ij} - \alpha_j), \qquad
+# J = \operatorname{diag}(\boldsymbol\alpha) - \boldsymbol\alpha\boldsymbol\alpha^\top ：$$
+#
+# 对角线上是 $\alpha_i(1-\alpha_i)$，其余是 $-\alpha_i\alpha_j$。先用 PyTorch 的自动微分检验这个公式：
+
+# %%
+s_small = torch.randn(5, dtype=torch.float64)
+alpha = torch.softmax(s_small, -1)
+J_formula = torch.diag(alpha) - torch.outer(alpha, alpha)
+J_autograd = torch.autograd.functional.jacobian(lambda x: torch.softmax(x, -1), s_small)
+print(J_formula.numpy().round(4))
+assert torch.allclose(J_formula, J_autograd, atol=1e-12)
+print("diag(α) − ααᵀ matches torch.autograd.functional.jacobian")
+
+# %% [markdown]
+# 如果一个权重接近 1、其余接近 0，$J$ 的每个元素都接近 0：对所有 $i$ 有 $\alpha_i(1 -
+# \alpha_i) \approx 0$，每个乘积 $\alpha_i\alpha_j$ 也是。我们来度量：对每个 $d$，求损失
+# $L = \sum_j \alpha_j v_j$（$v_j$ 随机）传回评分的梯度 $\partial L/\partial \mathbf s = J\mathbf v$
+# 的范数，分别在不缩放和缩放时，用与上面同样的多次抽样。我们报告各次抽样的**中位数**（典型的
+# 一次）以及梯度范数小于 0.01 的抽样所占比例：均值会被少数“最好的两个键评分恰好几乎相同”的
+# 抽样所左右。
+
+# %%
+grad_median = {"unscaled": [], "scaled": []}
+grad_tiny = {"unscaled": [], "scaled": []}  # share of trials with |dL/ds| < 0.01
+for d in DS:
+    q, k, v = draw(d)
+    raw = q @ k.transpose(1, 2)  # (TRIALS, 1, KEYS)
+    for name, s in (("unscaled", raw), ("scaled", raw / math.sqrt(d))):
+        s = s.detach().requires_grad_()
+        loss = (torch.softmax(s, -1) @ v).sum()  # trials are independent: one backward for all
+        (g,) = torch.autograd.grad(loss, s)
+        norms = g.norm(dim=-1).flatten()  # (TRIALS,)
+        grad_median[name].append(norms.median().item())
+        grad_tiny[name].append((norms < 0.01).float().mean().item())
+
+print(f"{'d':>4} {'median |dL/ds|: unscaled':>25} {'scaled':>7} {'share < 0.01: unscaled':>23} {'scaled':>7}")
+for i, d in enumerate(DS):
+    gu, gs = grad_median["unscaled"][i], grad_median["scaled"][i]
+    tu, ts = grad_tiny["unscaled"][i], grad_tiny["scaled"][i]
+    print(f"{d:>4} {gu:>25.4f} {gs:>7.4f} {tu:>23.1%} {ts:>7.1%}")
+
+# %%
+gu, gs = grad_median["unscaled"], grad_median["scaled"]
+assert gu[-1] < 0.2 * gs[-1], (gu[-1], gs[-1])  # at d = 256 the unscaled gradient has vanished
+assert gu[1] > gu[2] > gu[3]  # and it keeps shrinking as d grows from 16
+assert grad_tiny["unscaled"][-1] > 0.3 and max(grad_tiny["scaled"]) < 0.01, grad_tiny
+assert min(gs) > 0.8 * max(gs)  # scaled: about the same gradient at every d
+
+# %%
+fig, ax = plt.subplots(figsize=(5, 3.5))
+ax.plot(DS, gu, "o-", label="unscaled")
+ax.plot(DS, gs, "s-", label="scaled")
+ax.set(xscale="log", xlabel="$d$", ylabel=r"median $\|\partial L/\partial \mathbf{s}\|$")
+ax.set_xticks(DS, [str(d) for d in DS])
+ax.set_ylim(bottom=0)
+ax.legend()
+plt.show()
+
+# %% [markdown]
+# $d$ 较小时，不缩放的评分只比缩放的稍宽一些，梯度甚至还略大：评分分得既不太散也不太聚时，
+# softmax 学得最好。从 $d = 16$ 起，不缩放的梯度随 $d$ 每增大一级就缩小一截；缩放后的梯度保持不变。
+
+# %% [markdown]
+# ## 这意味着什么
+#
+# 不缩放时，评分的离散程度随 $\sqrt d$ 增长；在 Transformer 所用的宽度下（attnlab 每个头的
+# $d$ = `d_model / num_heads`），softmax 从第一步起就几乎是独热的，而本应教会查询和键“该关注
+# 哪个键”的梯度接近于 0。除以 $\sqrt d$ 让评分的方差无论 $d$ 多大都保持为 1，于是在任何宽度下
+# softmax 一开始都是“软”的、可训练的。这就是 `DotProductAttention.forward` 中的那一行
+# `scores = torch.bmm(queries, keys.transpose(1, 2)) / math.sqrt(d)`
+# （`src/attnlab/models/attention.py`；见
+# [API 参考](../../reference/api/models/#attnlab.models.attention.DotProductAttention)），
+# `MultiHeadAttention` 的每个头、进而整个 `Transformer` 的注意力汇聚都用它。上面的论证假设查询和键
+# 的方差为 1；学到的投影不会严格保持这一点，但缩放消除了对 $d$ 的依赖，这才是关键。加性注意力
+# 不需要这个因子，因为 $\tanh$ 限定了每个隐藏单元的范围，但它要付出 $n \times n \times h$ 张量的
+# 代价，正如第 2 部分所测。
+
+# %%
+elapsed = time.perf_counter() - START
+print(f"this page ran in {elapsed:.1f} s ({'fast' if FAST else 'full'} mode)")
