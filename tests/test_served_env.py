@@ -270,7 +270,7 @@ def test_generate_dockerfile_writes_a_self_contained_build_context(store, served
     ]
     assert copies == [["model_dir"]]
     assert (model / "requirements.txt").read_text().split() == served_requirements()
-    assert (model / "code" / "attnlab" / "decoding.py").is_file()
+    assert (model / "code" / "attnlab" / "inference" / "decoding.py").is_file()
     conf = yaml.safe_load((model / "MLmodel").read_text())["flavors"]["python_function"]
     assert (model / Path(conf["model_code_path"]).name).is_file()  # what MLflow loads
     assert conf["artifacts"]["export"]["path"] == "artifacts/export"

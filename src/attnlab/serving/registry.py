@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from attnlab.serving.requirements import SERVING_CODE, served_requirements
+from attnlab.serving.requirements import PACKAGE_DIR, SERVING_CODE, served_requirements
 from attnlab.serving.translator import DEFAULT_ENGINE, Translator
 
 EXPORT_ARTIFACT = "export"  # key of the export folder in the pyfunc's context.artifacts
@@ -120,7 +120,7 @@ def log_served_model(export_dir: Path, model: str, run_id: str, tracking_uri: st
                 name="translator",
                 python_model=str(SERVING_CODE),
                 artifacts={EXPORT_ARTIFACT: str(export_dir)},
-                code_paths=[str(SERVING_CODE.parent)],
+                code_paths=[str(PACKAGE_DIR)],  # the whole attnlab package, importable as `attnlab`
                 input_example=(SERVING_EXAMPLE, SERVING_PARAMS),
                 pip_requirements=requirements,
                 metadata=metadata,
