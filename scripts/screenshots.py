@@ -34,7 +34,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "tests"))
 
-from helpers.browser import BROWSERS, DevTools, mlflow_ui  # noqa: E402
+from helpers.browser import BROWSERS, DevTools, mlflow_ui  # noqa: E402 - tests/ goes on sys.path first
 
 # Beyond the tests' client's flags: no background connections (the machines have no network
 # but the package registries, and Chromium's attempts are refused, many at a time).

@@ -36,7 +36,7 @@ def test_mypy_finds_no_type_error():
 
 
 def test_every_noqa_says_why():
-    """A ``# noqa`` names the rule and, after " - ", the reason it does not apply there."""
+    """A noqa comment names the rule and, after " - ", the reason it does not apply there."""
     bare = []
     for path in sorted(ROOT.glob("**/*.py")):
         if any(part in {".venv", "site", "node_modules"} or part.startswith(".") for part in path.parts):
