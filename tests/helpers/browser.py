@@ -116,6 +116,22 @@ def http(url: str, body: dict | None = None, **query) -> bytes:
         return r.read()
 
 
+def headless(browser: str, profile: Path, window: tuple[int, int]) -> list[str]:
+    """The command line both ways of driving Chromium start with: headless, in ``profile``,
+    ``window`` CSS pixels. `--no-sandbox`: CI runs as root, where Chromium's sandbox refuses to
+    start."""
+    return [
+        browser,
+        "--headless=new",
+        "--no-sandbox",
+        "--disable-gpu",
+        "--no-first-run",
+        "--hide-scrollbars",
+        f"--user-data-dir={profile}",
+        f"--window-size={window[0]},{window[1]}",
+    ]
+
+
 def chromium(
     browser: str, url: str, profile: Path, *action: str, window: tuple[int, int] = WINDOW
 ) -> subprocess.CompletedProcess:
@@ -126,19 +142,7 @@ def chromium(
     time (paused while requests are pending) before the action, so the React app has
     rendered. `--no-sandbox`: CI runs as root, where Chromium's sandbox refuses to start.
     """
-    cmd = [
-        browser,
-        "--headless=new",
-        "--no-sandbox",
-        "--disable-gpu",
-        "--no-first-run",
-        "--hide-scrollbars",
-        f"--user-data-dir={profile}",
-        f"--window-size={window[0]},{window[1]}",
-        "--virtual-time-budget=20000",
-        *action,
-        url,
-    ]
+    cmd = [*headless(browser, profile, window), "--virtual-time-budget=20000", *action, url]
     return subprocess.run(cmd, capture_output=True, text=True, timeout=120)
 
 
@@ -160,19 +164,7 @@ class DevTools:
         """Start ``browser`` headless with ``profile``; ``flags`` are further command-line flags."""
         to_read, self._to = os.pipe()  # we write, Chromium reads on fd 3
         self._from, from_write = os.pipe()  # Chromium writes on fd 4
-        args = [
-            browser,
-            "--headless=new",
-            "--no-sandbox",
-            "--disable-gpu",
-            "--no-first-run",
-            "--hide-scrollbars",
-            f"--user-data-dir={profile}",
-            f"--window-size={window[0]},{window[1]}",
-            *flags,
-            "--remote-debugging-pipe",
-            "about:blank",
-        ]
+        args = [*headless(browser, profile, window), *flags, "--remote-debugging-pipe", "about:blank"]
         log_path = Path(profile).parent / f"{Path(profile).name}-chromium.log"
         self._log = open(log_path, "wb")  # noqa: SIM115 - Chromium's stdout while it runs; __exit__ closes it
         self._proc = subprocess.Popen(
