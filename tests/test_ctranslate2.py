@@ -251,6 +251,32 @@ def test_random_float32_greedy_equals_attnlab(sp, spm_path, tmp_path, kind):
         assert bool((raw == PAD_ID).any())
 
 
+@pytest.mark.parametrize(
+    "switches",
+    [
+        {"scaled": False},
+        {"positional_encoding": "learned"},
+        {"positional_encoding": "none"},
+        {"norm_first": True},
+    ],
+    ids=lambda s: "-".join(f"{k}={v}" for k, v in s.items()),
+)
+def test_each_transformer_switch_exports_with_the_same_scores(sp, spm_path, tmp_path, switches):
+    """model.net.scaled=false (W_q·√d in the export), learned or no positions (the table as
+    it is), norm_first=true (CTranslate2's pre_norm and each stack's final layer norm)."""
+    torch.manual_seed(1)
+    net = Transformer(sp.get_piece_size(), 64, 4, 2, 128, 0.0, **switches).eval()
+    tr = CTranslate2Translator(export_ctranslate2(net, spm_path, tmp_path / "m"), sp, intra_threads=1)
+    for en, fr in PAIRS[:8]:
+        src_ids, tgt_ids = sp.encode(en), sp.encode(fr)
+        torch.testing.assert_close(
+            ct2_log_probs(tr, src_ids, tgt_ids),
+            teacher_forced_log_probs(net, src_ids, tgt_ids),
+            atol=1e-4,
+            rtol=0,
+        )
+
+
 def test_head_mask_is_folded_into_the_output_projection(sp, spm_path, tmp_path):
     net = random_transformer(sp, "untied")
     net.set_head_mask(

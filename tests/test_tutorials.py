@@ -47,7 +47,9 @@ def test_there_are_notebooks():
     assert _id(TUTORIALS / "scoring.py") in {_id(p) for p in ENGLISH}
 
 
-@pytest.mark.parametrize("notebook", NOTEBOOKS, ids=_id)
+# The English pages only: a Chinese page's code is the English page's, cell for cell (tested
+# below), and the site build (tests/test_docs.py) executes both.
+@pytest.mark.parametrize("notebook", ENGLISH, ids=_id)
 def test_every_tutorial_runs_in_fast_mode_and_asserts_its_claims(notebook, tmp_path):
     env = {**os.environ, "ATTNLAB_TUTORIAL_FAST": "1", "MPLBACKEND": "Agg"}
     out = subprocess.run(
@@ -94,6 +96,21 @@ def test_a_tutorials_site_links_point_at_pages_that_exist(notebook):
             continue
         for target in re.findall(r"\]\((\.\./[^)\s]+)\)", text):
             path = target.split("#")[0].removeprefix("../../").rstrip("/")
-            assert target.startswith("../../") and (
-                (ROOT / "docs" / f"{path}.md").is_file() or (ROOT / "docs" / path / "index.md").is_file()
+            assert target.startswith("../../") and any(
+                page.is_file()
+                for page in (
+                    ROOT / "docs" / f"{path}.md",
+                    ROOT / "docs" / f"{path}.py",
+                    ROOT / "docs" / path / "index.md",
+                )
             ), f"{_id(notebook)} links {target}, which is no page of the site"
+
+
+@pytest.mark.parametrize("notebook", NOTEBOOKS, ids=_id)
+def test_every_tutorial_links_its_other_language_in_its_first_cell(notebook):
+    first = cells(notebook)[0][1]
+    if notebook.name.endswith(".zh.py"):
+        other = f"[English](../../tutorials/{notebook.name.removesuffix('.zh.py')}/)"
+    else:
+        other = f"[中文](../../tutorials/{notebook.stem}.zh/)"
+    assert other in first, f"{_id(notebook)}'s first cell has no language switch {other}"

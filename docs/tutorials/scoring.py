@@ -14,6 +14,8 @@
 # %% [markdown]
 # # Scoring functions: why √d
 #
+# *English* · [中文](../../tutorials/scoring.zh/)
+#
 # This page follows *Dive into Deep Learning* section **11.3 "Attention Scoring Functions"**
 # (Chinese edition 10.3 注意力评分函数) with attnlab's own code, and answers one question:
 # **why does scaled dot-product attention divide the scores by $\sqrt{d}$?**

@@ -23,6 +23,7 @@ Raises (at export): ValueError for a model CTranslate2 cannot represent (hard at
 from __future__ import annotations
 
 import json
+import math
 import shutil
 from collections import defaultdict
 from collections.abc import Sequence
@@ -92,6 +93,9 @@ def _set_attention(spec, attention, self_attention: bool) -> None:
 
     Self-attention: ``linear[0]`` = [W_q; W_k; W_v] (3·d, d), ``linear[1]`` = W_o.
     Cross attention: ``linear[0]`` = W_q, ``linear[1]`` = [W_k; W_v] (2·d, d), ``linear[2]`` = W_o.
+    CTranslate2 always divides the scores by √d (d per head); an unscaled attention
+    (``scaled=False``) is exported with W_q (and its bias) multiplied by √d, which gives the
+    same scores q·k.
     """
     if attention.hard:
         raise ValueError(
@@ -99,10 +103,13 @@ def _set_attention(spec, attention, self_attention: bool) -> None:
             "cannot run (its attention is softmax only); keep it on torch"
         )
     q, k, v, o = attention.W_q, attention.W_k, attention.W_v, attention.W_o
+    unscale = 1.0 if attention.scaled else math.sqrt(q.weight.shape[0] // attention.num_heads)
+    q_weight = q.weight.detach() * unscale
+    q_bias = None if q.bias is None else q.bias.detach() * unscale
     if self_attention:
-        _set_linear(spec.linear[0], _stack(q.weight, k.weight, v.weight), _stack(q.bias, k.bias, v.bias))
+        _set_linear(spec.linear[0], _stack(q_weight, k.weight, v.weight), _stack(q_bias, k.bias, v.bias))
     else:
-        _set_linear(spec.linear[0], q.weight, q.bias)
+        _set_linear(spec.linear[0], q_weight, q_bias)
         _set_linear(spec.linear[1], _stack(k.weight, v.weight), _stack(k.bias, v.bias))
     _set_linear(spec.linear[-1], _output_weight(attention), o.bias)
 
@@ -183,12 +190,14 @@ def build_spec(net: Transformer, pieces: Sequence[str]):
             "a CTranslate2 stack has one num_heads"
         )
     num_heads = heads.pop()
-    stack = dict(num_heads=num_heads, pre_norm=False, activation=common_spec.Activation.RELU)
+    # pre_norm: each sublayer reads LayerNorm(x), and the stack ends in a layer norm
+    stack = dict(num_heads=num_heads, pre_norm=net.norm_first, activation=common_spec.Activation.RELU)
     encoder = transformer_spec.TransformerEncoderSpec(len(net.encoder_blocks), **stack)
     decoder = transformer_spec.TransformerDecoderSpec(len(net.decoder_blocks), **stack)
     spec = transformer_spec.TransformerSpec(encoder, decoder)
 
-    table = _array(net.pos_encoding.P[0])  # (max_len, d_model), interleaved sin/cos
+    # (max_len, d_model): interleaved sin/cos, a learned table, or zeros (no positions)
+    table = _array(net.pos_encoding.P[0])
     encoder.scale_embeddings = True  # × √d_model, as Transformer._embed
     decoder.scale_embeddings = True
     encoder.embeddings[0].weight = _array(net.src_embedding.weight)
@@ -205,6 +214,9 @@ def build_spec(net: Transformer, pieces: Sequence[str]):
         _set_attention(layer.attention, blk.attention2, self_attention=False)
         _set_layer_norm(layer.attention.layer_norm, blk.addnorm2.ln)
         _set_ffn(layer.ffn, blk.ffn, blk.addnorm3)
+    if net.norm_first:
+        _set_layer_norm(encoder.layer_norm, net.encoder_norm)
+        _set_layer_norm(decoder.layer_norm, net.decoder_norm)
     _set_linear(decoder.projection, net.output.weight, net.output.bias)
 
     config = spec.config

@@ -157,21 +157,25 @@ class DotProductAttention(nn.Module):
         hard: if True, use :func:`masked_hardmax` (one-hot weights on the
             best-scoring valid key; no gradient to queries or keys) instead
             of :func:`masked_softmax`.
+        scaled: if False, the scores are the raw dot products Q Kᵀ (no 1/√d): the
+            ablation ``model.net.scaled=false`` (why √d: the tutorial "Scoring functions").
     Shapes:
         queries (B, Q, d), keys (B, K, d), values (B, K, d_v),
         valid_lens None, (B,) or (B, Q) → output (B, Q, d_v), same dtype.
         ``self.attention_weights`` holds the last weights, (B, Q, K).
     """
 
-    def __init__(self, dropout: float = 0.0, hard: bool = False):
+    def __init__(self, dropout: float = 0.0, hard: bool = False, scaled: bool = True):
         super().__init__()
         self.hard = hard
+        self.scaled = scaled
         self.dropout = nn.Dropout(dropout)
         self.attention_weights: torch.Tensor | None = None
 
     def forward(self, queries, keys, values, valid_lens=None):
-        d = queries.shape[-1]
-        scores = torch.bmm(queries, keys.transpose(1, 2)) / math.sqrt(d)  # (B, Q, K)
+        scores = torch.bmm(queries, keys.transpose(1, 2))  # (B, Q, K)
+        if self.scaled:
+            scores = scores / math.sqrt(queries.shape[-1])
         normalize = masked_hardmax if self.hard else masked_softmax
         self.attention_weights = normalize(scores, valid_lens)
         return torch.bmm(self.dropout(self.attention_weights), values)
@@ -201,6 +205,8 @@ class MultiHeadAttention(nn.Module):
         bias: whether the four projections have biases.
         hard: if True, every head uses hard (arg-max) attention, see
             :func:`masked_hardmax`; W_q and W_k then get no gradient.
+        scaled: if False, every head scores with the raw dot product (no 1/√d, see
+            :class:`DotProductAttention`).
     Shapes:
         queries (B, Q, d_model), keys and values (B, K, d_model),
         valid_lens None, (B,) or (B, Q) → output (B, Q, d_model).
@@ -223,7 +229,13 @@ class MultiHeadAttention(nn.Module):
     attention: DotProductAttention
 
     def __init__(
-        self, d_model: int, num_heads: int, dropout: float = 0.0, bias: bool = False, hard: bool = False
+        self,
+        d_model: int,
+        num_heads: int,
+        dropout: float = 0.0,
+        bias: bool = False,
+        hard: bool = False,
+        scaled: bool = True,
     ):
         super().__init__()
         if d_model % num_heads:
@@ -234,7 +246,8 @@ class MultiHeadAttention(nn.Module):
         self.num_heads = num_heads
         self.dropout_p = dropout
         self.hard = hard
-        self.attention = DotProductAttention(dropout, hard=hard)
+        self.scaled = scaled
+        self.attention = DotProductAttention(dropout, hard=hard, scaled=scaled)
         self.W_q = nn.Linear(d_model, d_model, bias=bias)
         self.W_k = nn.Linear(d_model, d_model, bias=bias)
         self.W_v = nn.Linear(d_model, d_model, bias=bias)
@@ -334,7 +347,13 @@ class MultiHeadAttention(nn.Module):
             mask = mask | empty
         p = self.dropout_p if self.training else 0.0
         out = F.scaled_dot_product_attention(
-            q, k, v, attn_mask=mask, dropout_p=p, is_causal=is_causal and mask is None
+            q,
+            k,
+            v,
+            attn_mask=mask,
+            dropout_p=p,
+            is_causal=is_causal and mask is None,
+            scale=None if self.scaled else 1.0,  # None: the kernel's own 1/√d
         )
         if empty is not None:  # rows with no valid key: zero, as masked_softmax does
             out = out.masked_fill(empty, 0.0)

@@ -1,8 +1,8 @@
 """Transformer encoder–decoder (D2L 11.7; Vaswani et al. 2017, section 3).
 
-Post-norm blocks built from :mod:`attnlab.models.attention` (multi-head attention),
-:mod:`attnlab.models.positional_encoding` and, as in D2L 11.7.2, the position-wise FFN and
-add & norm defined here. Token ids are int64,
+Post-norm blocks (or pre-norm, ``norm_first=True``) built from
+:mod:`attnlab.models.attention` (multi-head attention), :mod:`attnlab.models.positional_encoding`
+and, as in D2L 11.7.2, the position-wise FFN and add & norm defined here. Token ids are int64,
 ``valid_lens`` int64 (B,). A joint source/target vocabulary lets the source
 embedding, target embedding and output projection share one matrix
 (Press & Wolf 2017; Vaswani et al. 3.4).
@@ -18,7 +18,7 @@ import torch
 from torch import nn
 
 from attnlab.models.attention import MultiHeadAttention
-from attnlab.models.positional_encoding import PositionalEncoding
+from attnlab.models.positional_encoding import build_positional_encoding
 
 
 class PositionWiseFFN(nn.Module):
@@ -38,35 +38,49 @@ class PositionWiseFFN(nn.Module):
 
 
 class AddNorm(nn.Module):
-    """Residual connection then layer norm: LayerNorm(X + Dropout(Y)) (D2L 11.7.2; post-norm).
+    """Residual connection and layer norm around a sublayer (D2L 11.7.2).
+
+    Post-norm (``norm_first=False``, D2L's and Vaswani et al.'s): ``forward(X, Y)`` is
+    LayerNorm(X + Dropout(Y)), with Y = sublayer(X). Pre-norm (``norm_first=True``; Xiong et al.
+    2020, "On Layer Normalization in the Transformer Architecture"): the sublayer reads
+    ``norm_input(X)`` = LayerNorm(X) and ``forward(X, Y)`` is X + Dropout(Y).
 
     Shapes: X, Y (B, T, d_model) → (B, T, d_model).
     """
 
-    def __init__(self, d_model: int, dropout: float = 0.0):
+    def __init__(self, d_model: int, dropout: float = 0.0, norm_first: bool = False):
         super().__init__()
+        self.norm_first = norm_first
         self.dropout = nn.Dropout(dropout)
         self.ln = nn.LayerNorm(d_model)
 
+    def norm_input(self, X):
+        """What the sublayer reads: LayerNorm(X) in pre-norm, X itself in post-norm."""
+        return self.ln(X) if self.norm_first else X
+
     def forward(self, X, Y):
+        if self.norm_first:
+            return X + self.dropout(Y)
         return self.ln(self.dropout(Y) + X)
 
 
 class TransformerEncoderBlock(nn.Module):
-    """Self-attention → add & norm → FFN → add & norm (D2L 11.7.2)."""
+    """Self-attention → add & norm → FFN → add & norm (D2L 11.7.2); pre-norm with
+    ``norm_first``, unscaled dot products with ``scaled=False`` (:class:`Transformer`)."""
 
     attention: MultiHeadAttention
 
-    def __init__(self, d_model, num_heads, ffn_hidden, dropout):
+    def __init__(self, d_model, num_heads, ffn_hidden, dropout, norm_first=False, scaled=True):
         super().__init__()
-        self.attention = MultiHeadAttention(d_model, num_heads, dropout)
-        self.addnorm1 = AddNorm(d_model, dropout)
+        self.attention = MultiHeadAttention(d_model, num_heads, dropout, scaled=scaled)
+        self.addnorm1 = AddNorm(d_model, dropout, norm_first)
         self.ffn = PositionWiseFFN(d_model, ffn_hidden)
-        self.addnorm2 = AddNorm(d_model, dropout)
+        self.addnorm2 = AddNorm(d_model, dropout, norm_first)
 
     def forward(self, X, valid_lens, need_weights=False):  # X: (B, S, d_model)
-        Y = self.addnorm1(X, self.attention(X, X, X, valid_lens, need_weights=need_weights))
-        return self.addnorm2(Y, self.ffn(Y))
+        Xn = self.addnorm1.norm_input(X)
+        Y = self.addnorm1(X, self.attention(Xn, Xn, Xn, valid_lens, need_weights=need_weights))
+        return self.addnorm2(Y, self.ffn(self.addnorm2.norm_input(Y)))
 
 
 class TransformerDecoderBlock(nn.Module):
@@ -75,22 +89,23 @@ class TransformerDecoderBlock(nn.Module):
     attention1: MultiHeadAttention
     attention2: MultiHeadAttention
 
-    def __init__(self, d_model, num_heads, ffn_hidden, dropout):
+    def __init__(self, d_model, num_heads, ffn_hidden, dropout, norm_first=False, scaled=True):
         super().__init__()
-        self.attention1 = MultiHeadAttention(d_model, num_heads, dropout)
-        self.addnorm1 = AddNorm(d_model, dropout)
-        self.attention2 = MultiHeadAttention(d_model, num_heads, dropout)
-        self.addnorm2 = AddNorm(d_model, dropout)
+        self.attention1 = MultiHeadAttention(d_model, num_heads, dropout, scaled=scaled)
+        self.addnorm1 = AddNorm(d_model, dropout, norm_first)
+        self.attention2 = MultiHeadAttention(d_model, num_heads, dropout, scaled=scaled)
+        self.addnorm2 = AddNorm(d_model, dropout, norm_first)
         self.ffn = PositionWiseFFN(d_model, ffn_hidden)
-        self.addnorm3 = AddNorm(d_model, dropout)
+        self.addnorm3 = AddNorm(d_model, dropout, norm_first)
 
     def forward(self, X, enc_outputs, enc_valid_lens, need_weights=False):
         # Causal self-attention: query t sees keys 0..t (D2L passes valid lengths 1..T).
-        X2 = self.attention1(X, X, X, need_weights=need_weights, is_causal=True)
-        Y = self.addnorm1(X, X2)
-        Y2 = self.attention2(Y, enc_outputs, enc_outputs, enc_valid_lens, need_weights=need_weights)
+        Xn = self.addnorm1.norm_input(X)
+        Y = self.addnorm1(X, self.attention1(Xn, Xn, Xn, need_weights=need_weights, is_causal=True))
+        Yn = self.addnorm2.norm_input(Y)
+        Y2 = self.attention2(Yn, enc_outputs, enc_outputs, enc_valid_lens, need_weights=need_weights)
         Z = self.addnorm2(Y, Y2)
-        return self.addnorm3(Z, self.ffn(Z))
+        return self.addnorm3(Z, self.ffn(self.addnorm3.norm_input(Z)))
 
     def step(self, X, enc_k, enc_v, enc_valid_lens, self_k, self_v):
         """One incremental decoding step (Vaswani et al. 3.2.3, cached keys and values).
@@ -100,11 +115,14 @@ class TransformerDecoderBlock(nn.Module):
         earlier positions. Returns (output (B, 1, d_model), self_k, self_v with
         t + 1 positions). Equals :meth:`forward` at the last position.
         """
-        k, v = self.attention1.project_kv(X, X)
+        Xn = self.addnorm1.norm_input(X)
+        k, v = self.attention1.project_kv(Xn, Xn)
         self_k, self_v = torch.cat([self_k, k], dim=2), torch.cat([self_v, v], dim=2)
-        Y = self.addnorm1(X, self.attention1.attend(X, self_k, self_v))  # sees all earlier positions
-        Z = self.addnorm2(Y, self.attention2.attend(Y, enc_k, enc_v, enc_valid_lens))
-        return self.addnorm3(Z, self.ffn(Z)), self_k, self_v
+        Y = self.addnorm1(X, self.attention1.attend(Xn, self_k, self_v))  # sees all earlier positions
+        Z = self.addnorm2(
+            Y, self.attention2.attend(self.addnorm2.norm_input(Y), enc_k, enc_v, enc_valid_lens)
+        )
+        return self.addnorm3(Z, self.ffn(self.addnorm3.norm_input(Z))), self_k, self_v
 
 
 class Transformer(nn.Module):
@@ -122,8 +140,16 @@ class Transformer(nn.Module):
         max_len: longest sequence the positional encoding supports.
         src_vocab_size: size of a separate source vocabulary (D2L's setting,
             ``data=fra_eng_d2l``); ``None`` means the joint vocabulary of size V.
+        scaled: divide the dot products by √d (per head); ``False`` is the ablation of
+            D2L 11.3.3's scaling (``model.net.scaled``).
+        positional_encoding: ``sinusoidal`` (D2L 11.6.3), ``learned`` or ``none``
+            (:func:`attnlab.models.positional_encoding.build_positional_encoding`).
+        norm_first: pre-norm blocks, with a final layer norm after each stack (Xiong et al.
+            2020), instead of D2L's post-norm (``False``).
+            The three switches' defaults build today's model bitwise (tests/test_switches.py).
     Raises:
-        ValueError: ``tie_embeddings`` with a separate source vocabulary.
+        ValueError: ``tie_embeddings`` with a separate source vocabulary, or an unknown
+            ``positional_encoding``.
     """
 
     kind = "transformer"
@@ -140,6 +166,9 @@ class Transformer(nn.Module):
         tie_embeddings: bool = True,
         max_len: int = 512,
         src_vocab_size: int | None = None,
+        scaled: bool = True,
+        positional_encoding: str = "sinusoidal",
+        norm_first: bool = False,
     ):
         super().__init__()
         if tie_embeddings and src_vocab_size is not None:
@@ -152,13 +181,15 @@ class Transformer(nn.Module):
         self.tgt_embedding = (
             self.src_embedding if tie_embeddings else nn.Embedding(vocab_size, d_model, padding_idx=pad_id)
         )
-        self.pos_encoding = PositionalEncoding(d_model, dropout, max_len)
-        self.encoder_blocks = nn.ModuleList(
-            TransformerEncoderBlock(d_model, num_heads, ffn_hidden, dropout) for _ in range(num_layers)
-        )
-        self.decoder_blocks = nn.ModuleList(
-            TransformerDecoderBlock(d_model, num_heads, ffn_hidden, dropout) for _ in range(num_layers)
-        )
+        self.pos_encoding = build_positional_encoding(positional_encoding, d_model, dropout, max_len)
+        block = dict(d_model=d_model, num_heads=num_heads, ffn_hidden=ffn_hidden, dropout=dropout)
+        block.update(norm_first=norm_first, scaled=scaled)
+        self.encoder_blocks = nn.ModuleList(TransformerEncoderBlock(**block) for _ in range(num_layers))
+        self.decoder_blocks = nn.ModuleList(TransformerDecoderBlock(**block) for _ in range(num_layers))
+        # pre-norm leaves each stack's output unnormalized: one last layer norm per stack
+        self.norm_first = norm_first
+        self.encoder_norm = nn.LayerNorm(d_model) if norm_first else nn.Identity()
+        self.decoder_norm = nn.LayerNorm(d_model) if norm_first else nn.Identity()
         self.output = nn.Linear(d_model, vocab_size, bias=False)
         for emb in [self.src_embedding] + ([] if tie_embeddings else [self.tgt_embedding]):
             nn.init.normal_(emb.weight, std=d_model**-0.5)
@@ -175,14 +206,14 @@ class Transformer(nn.Module):
         X = self._embed(self.src_embedding, src)
         for blk in self._encoders():
             X = blk(X, src_valid_lens, need_weights)
-        return X
+        return self.encoder_norm(X)
 
     def decoder_states(self, tgt_in, enc_outputs, src_valid_lens, need_weights=False):
         """tgt_in (B, T) int64 (starts with <bos>) → top decoder states (B, T, d_model)."""
         X = self._embed(self.tgt_embedding, tgt_in)
         for blk in self._decoders():
             X = blk(X, enc_outputs, src_valid_lens, need_weights)
-        return X
+        return self.decoder_norm(X)
 
     def decode(self, tgt_in, enc_outputs, src_valid_lens, need_weights=False):
         """tgt_in (B, T) int64 (starts with <bos>) → logits (B, T, V), teacher forcing."""
@@ -243,7 +274,7 @@ class Transformer(nn.Module):
                 X, enc_kv[2 * i], enc_kv[2 * i + 1], src_valid_lens, self_kv[2 * i], self_kv[2 * i + 1]
             )
             new_self += [k, v]
-        return (self.output(X[:, -1]), src_valid_lens, pos + 1, *enc_kv, *new_self)
+        return (self.output(self.decoder_norm(X[:, -1])), src_valid_lens, pos + 1, *enc_kv, *new_self)
 
     def init_state_uncached(self, src, src_valid_lens):
         """State of the reference decoder without a cache: (encoder outputs, source valid lengths)."""
