@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# D2L's English→French results on CPU (D2L 11.4.4 Bahdanau, 11.7.6 Transformer):
+# D2L's English→French results on CPU (Bahdanau: D2L 11.4.3 (zh 10.4.3), Transformer: D2L 11.7.6 (zh 10.7.6)):
 # D2L's exact data pipeline (data=fra_eng_d2l) and hyperparameters
 # (conf/profile/fra_eng_d2l_<model>.yaml), then the book's four-sentence table.
 # Needs data/raw/fra-eng.zip (`dvc repro download` or `python src/download.py`).

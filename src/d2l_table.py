@@ -1,4 +1,5 @@
-"""D2L's translation table for a model trained on data=fra_eng_d2l (D2L 11.4.4, 11.7.6).
+"""D2L's translation table for a model trained on data=fra_eng_d2l (D2L 11.4.3 (zh 10.4.3),
+11.7.6 (zh 10.7.6)).
 
     python src/tokenize_data.py data=fra_eng_d2l
     python src/train.py data=fra_eng_d2l model=bahdanau
@@ -24,7 +25,7 @@ from attnlab.inference.decoding import greedy_decode
 from attnlab.metrics import d2l_bleu
 from attnlab.tracking.store import log_to_run, prepare_store, read_run_record
 
-# The book's examples and references (D2L 10.7.6, 11.4.4, 11.7.6).
+# The book's examples and references (D2L 10.7.8 (zh 9.7.6), 11.4.3 (zh 10.4.3), 11.7.6 (zh 10.7.6)).
 ENGLISH = ["go .", "i lost .", "he's calm .", "i'm home ."]
 FRENCH = ["va !", "j'ai perdu .", "il est calme .", "je suis chez moi ."]
 

@@ -38,7 +38,8 @@ def main(cfg: DictConfig) -> None:
     evaluate = get_method(cfg.model.task.evaluate)  # the model's task: attnlab.inference.evaluation
     record = read_run_record(Path(cfg.paths.runs) / f"{name}.json", name)
     prepare_store(record["tracking_uri"], cfg.mlflow.artifact_location)
-    net = load_net(record["checkpoint"], expected_kind=name)
+    load = get_method(cfg.model.task.load) if cfg.model.task.get("load") else load_net  # image models
+    net = load(record["checkpoint"], expected_kind=name)
     metrics_path = Path(cfg.paths.metrics) / f"{name}.json"
     try:
         result = evaluate(cfg, net)
@@ -55,7 +56,10 @@ def main(cfg: DictConfig) -> None:
         for test_set, lines in result.more_hypotheses.items():
             artifacts.append((write_lines_atomic(Path(tmp) / f"{test_set}.hyp.txt", lines), "evaluation"))
         log_to_run(record["run_id"], record["tracking_uri"], result.logged, artifacts, result.tags)
-    print(summaries.evaluate_summary(name, result.scores, metrics_path, record, hyp_path, result.logged))
+    summary = (
+        get_method(cfg.model.task.summary) if cfg.model.task.get("summary") else summaries.evaluate_summary
+    )
+    print(summary(name, result.scores, metrics_path, record, hyp_path, result.logged))
 
 
 if __name__ == "__main__":

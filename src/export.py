@@ -31,7 +31,8 @@ def main(cfg: DictConfig) -> None:
     export = get_method(cfg.model.task.export)  # the model's task: attnlab.export.tasks
     record = read_run_record(Path(cfg.paths.runs) / f"{name}.json", name)
     prepare_store(record["tracking_uri"], cfg.mlflow.artifact_location)
-    net = load_net(record["checkpoint"], expected_kind=name)
+    load = get_method(cfg.model.task.load) if cfg.model.task.get("load") else load_net  # image models
+    net = load(record["checkpoint"], expected_kind=name)
     out_dir = Path(cfg.paths.models) / name
     try:
         with logs.hide_mlflow_prints():  # "Successfully registered model ...": the summary says it

@@ -22,7 +22,7 @@ from pathlib import Path
 
 import hydra
 import pytorch_lightning as pl
-from hydra.utils import get_class, instantiate
+from hydra.utils import get_class, get_method, instantiate
 from omegaconf import DictConfig, OmegaConf
 from pytorch_lightning.utilities import rank_zero_only
 
@@ -88,7 +88,9 @@ def main(cfg: DictConfig) -> None:
     if not trainer.is_global_zero:
         return
     logger.log_artifact(best_path, "checkpoint")
-    for figure in module.figures(load_net(best_path, expected_kind=cfg.model.name), plots):
+    # task.load: a task whose nets attnlab.checkpoint.load_net does not build (the image models)
+    load = get_method(cfg.model.task.load) if cfg.model.task.get("load") else load_net
+    for figure in module.figures(load(best_path, expected_kind=cfg.model.name), plots):
         logger.log_artifact(str(figure), "attention")
     write_run_record(
         Path(cfg.paths.runs) / f"{cfg.model.name}.json",

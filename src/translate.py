@@ -32,7 +32,7 @@ import hydra
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig
 
-from attnlab.serving.translator import Translator
+from attnlab.serving.translator import NoAttentionError, Translator
 
 TEXT_ARGUMENT = re.compile(r"\+{0,2}text=", re.DOTALL)
 _sentences: list[str] = []  # the +text=… arguments of this command, verbatim
@@ -73,7 +73,10 @@ def main(cfg: DictConfig) -> None:
         return
     from attnlab.analysis.alignments import show_alignments  # matplotlib and bokeh: only when asked
 
-    alignments = translator.align(sentences)
+    try:
+        alignments = translator.align(sentences)
+    except NoAttentionError as e:  # model=seq2seq has no attention to show
+        raise SystemExit(f"translate: {e}") from None
     for a in alignments:
         print(a.translation)
     out_dir = Path(HydraConfig.get().runtime.output_dir) / "attention"

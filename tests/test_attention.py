@@ -1,7 +1,8 @@
-"""attnlab.models.attention against hand-computed numbers (D2L 11.3, 11.5, 11.6).
+"""attnlab.models.attention against hand-computed numbers (D2L 11.3 (zh 10.3), 11.5 (zh 10.5),
+11.6 (zh 10.6)).
 
 The hard-attention tests at the end (Xu et al. 2015, "Show, Attend and
-Tell", sec. 4.1; D2L 11.1) compute the best-scoring valid key in plain
+Tell", sec. 4.1; D2L 11.1 (zh 10.1)) compute the best-scoring valid key in plain
 Python floats, independently of the library, and expect exactly its value
 vector back.
 """

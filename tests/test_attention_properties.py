@@ -1,7 +1,7 @@
 """Properties every attention layer in attnlab.models.attention must have, checked on seeded inputs.
 
-The reference here is the definition of masked attention (D2L 11.3.2,
-11.5; Vaswani et al. 2017, eq. 1 and 3.2.3) and our documented rule for a
+The reference here is the definition of masked attention (D2L 11.3.2.1 (zh 10.3.1),
+D2L 11.5 (zh 10.5); Vaswani et al. 2017, eq. 1 and 3.2.3) and our documented rule for a
 query with no valid key (its weights are all 0, so its output is the zero
 vector; for MultiHeadAttention that is W_o·0 = W_o's bias). Each property is
 checked for DotProductAttention, AdditiveAttention and MultiHeadAttention,

@@ -8,9 +8,9 @@ References (none of them uses attnlab code):
   eq. 11.3.6) or w_vᵀ tanh(W_q q + W_k k) pair by pair (D2L eq. 11.3.7);
 * ``torch.nn.MultiheadAttention(batch_first=True)`` with our W_q/W_k/W_v
   copied into ``in_proj_weight`` and W_o into ``out_proj``
-  (Vaswani et al. 3.2.2; D2L 11.5);
+  (Vaswani et al. 3.2.2; D2L 11.5 (zh 10.5));
 * ``torch.nn.TransformerEncoderLayer`` (post-norm, ReLU, dropout 0) with our
-  attention, FFN and layer-norm weights copied in (D2L 11.7.2);
+  attention, FFN and layer-norm weights copied in (D2L 11.7.2 (zh 10.7.2), 11.7.3 (zh 10.7.3));
 * ``torch.autograd.gradcheck``: finite differences in float64.
 
 Masks: ``valid_lens`` (B,) means "query q of sample b may see keys

@@ -1,6 +1,7 @@
-"""data=fra_eng_d2l reproduces D2L 10.5's MTFraEng; D2L's four-sentence table (11.4.4, 11.7.6).
+"""data=fra_eng_d2l reproduces MTFraEng (D2L 10.5 (zh 9.5)); the four-sentence table
+(D2L 11.4.3 (zh 10.4.3), 11.7.6 (zh 10.7.6)).
 
-Known values are the book's printed outputs (D2L 10.5: the preprocessed text,
+Known values are the book's printed outputs (D2L 10.5 (zh 9.5): the preprocessed text,
 the first six token lists, ``data.build(['hi .'], ['salut .'])``) and
 hand-worked examples of its rules.
 """
@@ -41,7 +42,7 @@ def test_preprocess_rules_by_hand():
 
 
 def test_preprocessed_corpus_starts_as_printed_in_d2l(fra_text):
-    # D2L 10.5.1 prints text[:80] of the preprocessed corpus
+    # D2L 10.5.1 (zh 9.5.1) prints text[:80] of the preprocessed corpus
     assert d2l.preprocess(fra_text)[:80] == (
         "go .\tva !\nhi .\tsalut !\nrun !\tcours !\nrun !\tcourez !\nwho ?\tqui ?\nwow !\tça alors !"
     )
@@ -129,7 +130,7 @@ def test_vocabularies_hold_exactly_the_tokens_seen_twice(mt):
 
 
 def test_build_matches_d2ls_printed_example(mt):
-    # D2L 10.5.4: data.build(['hi .'], ['salut .'])
+    # D2L 10.5.4 (zh 9.5.5): data.build(['hi .'], ['salut .'])
     _, _, tok, _ = mt
     a = d2l.build_arrays([["hi", ".", "<eos>"]], [["salut", ".", "<eos>"]], 9, tok.src_vocab, tok.tgt_vocab)
     assert tok.src_vocab.to_tokens(a["src"][0]) == ["hi", ".", "<eos>"] + ["<pad>"] * 6

@@ -25,7 +25,7 @@ def test_brevity_penalty_d2l_example():
 
 
 def test_d2l_table_value():
-    # D2L 10.7.6: pred "il est calme ." vs label "il est calme ." → 1; one wrong word:
+    # D2L 10.7.8 (zh 9.7.6): pred "il est calme ." vs label "il est calme ." → 1; one wrong word:
     # p1 = 3/4 (il, est, .), p2 = 1/3 ("il est") → (3/4)^(1/2) (1/3)^(1/4)
     assert d2l_bleu("il est mouillé .", "il est calme .", 2) == pytest.approx(
         (3 / 4) ** 0.5 * (1 / 3) ** 0.25

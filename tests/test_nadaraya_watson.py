@@ -1,5 +1,5 @@
-"""Nadaraya–Watson with D2L 11.2's four kernels: weights by hand, limits in σ, the no-mass rule,
-the evaluation numbers and the figures.
+"""Nadaraya–Watson with the four kernels of D2L 11.2 (zh 10.2): weights by hand, limits in σ, the
+no-mass rule, the evaluation numbers and the figures.
 
 Kernels (D2L eq. 11.2.1, applied to u = (x - x_i)/σ): gaussian exp(-u²/2), boxcar 1[|u| < 1],
 constant 1, epanechnikov max(0, 1 - |u|); weights α_i = k(u_i) / Σ_j k(u_j) (D2L eq. 11.2.2).

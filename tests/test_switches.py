@@ -183,6 +183,7 @@ def test_incremental_decoding_equals_teacher_forcing_for_every_switch(switches):
     torch.testing.assert_close(alone, expected[1:2], atol=1e-5, rtol=1e-5)
 
 
+@pytest.mark.e2e
 def test_every_switch_off_its_default_trains_evaluates_and_exports(tmp_path):
     from helpers.tiny_train import ROOT, env, make_project, train
 

@@ -57,7 +57,7 @@ print("mode:", "fast" if FAST else "full")
 #
 # A batch of sequences of different lengths is padded to one length. The padding positions
 # are keys too, and an ordinary softmax would give them weight. `masked_softmax(X, valid_lens)`
-# (D2L 11.3.2.1, "Masked Softmax Operation") gives every key past a sequence's valid length
+# (D2L 11.3.2.1 (zh 10.3.1), "Masked Softmax Operation") gives every key past a sequence's valid length
 # weight **exactly 0** and normalizes over the rest. Here are two samples of four keys, with
 # two and three valid keys:
 
@@ -89,10 +89,10 @@ assert torch.allclose(per_query.sum(-1), torch.ones(2, 2))
 #
 # Both turn a query and a key into a score $a(\mathbf q, \mathbf k)$:
 #
-# - **additive attention** (D2L 11.3.4) learns it with a one-hidden-layer MLP,
+# - **additive attention** (D2L 11.3.4 (zh 10.3.2)) learns it with a one-hidden-layer MLP,
 #   $\mathbf w_v^\top \tanh(\mathbf W_q\mathbf q + \mathbf W_k\mathbf k)$; queries and keys
 #   may have different sizes;
-# - **scaled dot-product attention** (D2L 11.3.1 and 11.3.3) needs no parameters,
+# - **scaled dot-product attention** (D2L 11.3.1 (zh 10.3.3) and 11.3.3 (zh 10.3.3)) needs no parameters,
 #   $\mathbf q^\top\mathbf k/\sqrt d$, but queries and keys must have the same size $d$.
 #
 # The additive score builds a hidden vector for every (query, key) pair, a
@@ -136,7 +136,7 @@ for d, n, t_add, t_dot in rows:
 #
 # ### The variance of $\mathbf q^\top\mathbf k$ grows like $d$
 #
-# D2L 11.3.1 assumes that the entries of a query $\mathbf q$ and a key $\mathbf k$ are
+# D2L 11.3.1 (zh 10.3.3) assumes that the entries of a query $\mathbf q$ and a key $\mathbf k$ are
 # independent with mean 0 and variance 1. Then $\mathbf q^\top\mathbf k = \sum_{i=1}^d q_i k_i$
 # is a sum of $d$ independent terms, each of mean 0 and variance
 # $\mathbb E[q_i^2]\,\mathbb E[k_i^2] = 1$, so

@@ -20,7 +20,7 @@ from torchmetrics import Metric
 
 
 def d2l_bleu(pred_seq: str, label_seq: str, k: int) -> float:
-    """D2L's sentence BLEU (D2L 10.7.6, eq. 10.7.16; Papineni et al. 2002).
+    """D2L's sentence BLEU (D2L 10.7.8 (zh 9.7.6), eq. 10.7.16; Papineni et al. 2002).
 
     exp(min(0, 1 - len_label/len_pred)) · Π_{n=1..k} p_n^(1/2^n), with p_n the
     clipped n-gram precision. Tokens are split on whitespace (U+202F and U+00A0

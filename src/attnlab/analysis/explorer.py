@@ -133,7 +133,7 @@ def translation_explorer(epochs: Sequence[Mapping], title: str) -> str:
 
 
 def nw_explorer(x_train, y_train, x_test, y_test, fits: Mapping[str, Mapping], title: str) -> str:
-    """The Nadaraya–Watson page (D2L 11.2): choose a fit (kernel and width); see its test ×
+    """The Nadaraya–Watson page (D2L 11.2 (zh 10.2)): choose a fit (kernel and width); see its test ×
     training weights (hover: x, x_i, weight), its prediction against the truth and the training
     data, and the weights of one test point (a slider) over the training inputs.
 

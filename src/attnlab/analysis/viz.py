@@ -87,7 +87,7 @@ def _index_ticks(set_ticks, x: torch.Tensor) -> None:
 def _nw_fit_axes(
     ax, x_train, y_train, x_test, y_test, predictions: dict[str, torch.Tensor], title: str
 ) -> None:
-    """Truth, predictions and training points on one axes (D2L 11.2's fit plot)."""
+    """Truth, predictions and training points on one axes (the fit plot of D2L 11.2 (zh 10.2))."""
     ax.plot(x_test, y_test, "k--", lw=1.2, label="truth f(x)")
     for name, pred in predictions.items():
         ax.plot(x_test, pred.detach(), lw=1.8, label=name)
@@ -134,7 +134,7 @@ def nw_kernel_figure(
     path: Path,
     vmax: float | None = None,
 ) -> Path:
-    """One PNG for one kernel (D2L 11.2.2): the fit (left) and its test × train weights (right).
+    """One PNG for one kernel (D2L 11.2.2 (zh 10.2.3)): the fit (left) and its test × train weights (right).
 
     Args:
         x_train, y_train (n,), x_test, y_test (m,): float tensors, x_train sorted.
@@ -165,7 +165,7 @@ def nw_kernel_figure(
 def nw_width_figure(
     x_train, y_train, x_test, y_test, fits: dict[float, dict[str, torch.Tensor]], kernel: str, path: Path
 ) -> Path:
-    """D2L 11.2.3's width sweep: fits (top row) and weights (bottom row), one column per σ.
+    """The width sweep of D2L 11.2.3 (zh 10.2.4): fits (top row) and weights (bottom row), one column per σ.
 
     Args:
         fits: σ → {"prediction": (m,), "weights": (m, n)} float tensors.
@@ -206,7 +206,7 @@ def nw_figures(
     width_sweep: dict[float, dict[str, torch.Tensor]] | None = None,
     trained_w: float | None = None,
 ) -> list[Path]:
-    """D2L 11.2's figures as PNGs in ``out_dir``; returns the paths written.
+    """The figures of D2L 11.2 (zh 10.2) as PNGs in ``out_dir``; returns the paths written.
 
     * ``nw_fit.png``: truth, training data and ``predictions`` (average pooling,
       non-parametric and trained parametric model);

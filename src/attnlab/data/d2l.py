@@ -1,4 +1,5 @@
-"""D2L's own English–French data pipeline, reproduced (D2L 10.5 "Machine Translation and the Dataset").
+"""D2L's own English–French data pipeline, reproduced (D2L 10.5 (zh 9.5), "Machine Translation and
+the Dataset").
 
 ``data=fra_eng_d2l`` trains on exactly the arrays of D2L's ``MTFraEng``:
 

@@ -1,6 +1,7 @@
-"""D2L 11.2's synthetic regression data for Nadaraya–Watson: y = 2 sin x + x^0.8 + noise.
+"""The synthetic regression data of D2L 11.2 (zh 10.2) for Nadaraya–Watson: y = 2 sin x + x^0.8 + noise.
 
-The previous edition's D2L 11.2.1 ("Generating the Dataset"); ``conf/data/synthetic.yaml``
+As D2L zh 10.2.1 (生成数据集; the English 0.17 edition's 10.2.1) generates it: the English 1.0
+edition's D2L 11.2.1 (zh 10.2.1) uses y = 2 sin x + x instead; ``conf/data/synthetic.yaml``
 holds its sizes.
 """
 
@@ -17,7 +18,7 @@ def true_function(x: torch.Tensor) -> torch.Tensor:
 def synthetic_regression(
     n_train: int = 50, noise_std: float = 0.5, x_max: float = 5.0, seed: int = 0
 ) -> dict[str, torch.Tensor]:
-    """D2L 11.2.1's data (previous edition): sorted x_train ~ U(0, x_max),
+    """The data of D2L zh 10.2.1: sorted x_train ~ U(0, x_max),
     y = f(x) + N(0, noise_std²), ``n_train`` evenly spaced test points on [0, x_max)
     with noise-free targets.
 

@@ -146,9 +146,10 @@ def _examples(net: nn.Module, vocab_size: int) -> list[dict]:
 
 
 def _save_programs(
-    net: nn.Module, vocab_size: int, cross_mode: str, folder: Path, compile_step: bool
+    net: nn.Module, vocab_size: int, cross_mode: str | None, folder: Path, compile_step: bool
 ) -> dict:
-    """Write init_state, step and attention as ``torch.export`` programs (``.pt2``) and, with
+    """Write init_state, step and attention (none for ``cross_mode`` None: a model without
+    attention) as ``torch.export`` programs (``.pt2``) and, with
     ``compile_step``, the step's AOTInductor build; a model ``torch.export`` cannot export
     (Bahdanau: ``aten::gru`` is unrolled over the example's length, so the source length
     cannot stay dynamic) is traced with TorchScript instead. Returns ``config.json`` →
@@ -157,11 +158,9 @@ def _save_programs(
     a, b = _examples(net, vocab_size)
     table = _max_source_tokens(net)  # lengths the model can take, or None: no limit
     max_len = MAX_SIZE if table is None else table + 1
-    wrappers = {
-        "init_state": _InitState(net),
-        "step": _Step(net),
-        "attention": CROSS_ATTENTION_WRAPPERS[cross_mode](net),
-    }
+    wrappers = {"init_state": _InitState(net), "step": _Step(net)}
+    if cross_mode is not None:
+        wrappers["attention"] = CROSS_ATTENTION_WRAPPERS[cross_mode](net)
     args = {
         "init_state": "init_state",
         "step": "step",  # which example each function takes
@@ -214,7 +213,8 @@ def export_translation(
     ``config.json`` holds ``config`` plus ``format_version``, ``task``, ``runtime`` (the
     format and files of the decoding functions: :func:`_save_programs`), ``engines``,
     ``cross_attention = {kind, mode, layers, heads}`` (how the attention function is called:
-    :data:`CROSS_ATTENTION`) and ``serving = {max_input_chars, max_input_tokens, max_request_sentences,
+    :data:`CROSS_ATTENTION`; null, and no attention function, for a model without attention)
+    and ``serving = {max_input_chars, max_input_tokens, max_request_sentences,
     max_request_chars, max_request_tokens}``: the longest source
     :class:`~attnlab.serving.translator.Translator`
     accepts, in characters, and in sentencepiece tokens (the Transformer's positional
@@ -223,7 +223,8 @@ def export_translation(
     (:meth:`attnlab.serving.translator.Translator.check_request`).
 
     Args:
-        net: model with ``init_state``/``step`` (see :mod:`attnlab.inference.decoding`).
+        net: model with ``init_state``/``step`` (see :mod:`attnlab.inference.decoding`) and
+            ``attention_maps``.
         tokenizer_path: its ``spm.model``.
         out_dir: target folder, replaced atomically.
         config: JSON-serializable facts stored as ``config.json`` (model name, sizes,
@@ -285,7 +286,8 @@ def export_translation(
     with staged_dir(out_dir) as tmp, torch.no_grad():
         ys = torch.full((src.shape[0], 3), 4, dtype=torch.long)
         cross = _cross_attention(net, src, valid, ys)
-        runtime = _save_programs(net, sp.get_piece_size(), cross["mode"], tmp, compile)
+        mode = None if cross is None else cross["mode"]
+        runtime = _save_programs(net, sp.get_piece_size(), mode, tmp, compile)
         engines = ["torch"]
         if ctranslate2 and ct2.supports(net):
             for quantization in ctranslate2:
@@ -310,9 +312,12 @@ def export_translation(
     return out_dir
 
 
-def _cross_attention(net: nn.Module, src, valid, ys) -> dict:
-    """The net's cross attention (:data:`CROSS_ATTENTION`): its ``config.json`` entry."""
+def _cross_attention(net: nn.Module, src, valid, ys) -> dict | None:
+    """The net's cross attention (:data:`CROSS_ATTENTION`): its ``config.json`` entry, or None
+    for a model without attention (``attention_maps`` returns ``{}``: the seq2seq baseline)."""
     maps = net.attention_maps(src, valid, ys)
+    if not maps:
+        return None
     kinds = [kind for kind in CROSS_ATTENTION if kind in maps]
     if len(kinds) != 1:
         raise ValueError(

@@ -147,7 +147,7 @@ def beam_search(
     beam_size: int = 5,
     alpha: float = 0.0,
 ) -> torch.Tensor:
-    """Beam search, batched over sentences (Sutskever et al. 2014; D2L 10.8.3).
+    """Beam search, batched over sentences (Sutskever et al. 2014; D2L 10.8.3 (zh 9.8.3)).
 
     Each sentence keeps ``beam_size`` hypotheses ranked by summed log-probability.
     A hypothesis that emits <eos> is finished: it keeps its score and is

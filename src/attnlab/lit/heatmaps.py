@@ -82,6 +82,8 @@ class EpochHeatmaps(Callback):
         collected = collect_translation_maps(
             pl_module.net, pl_module.tokenizer, self.sentences, device=pl_module.device
         )
+        if not any(s.kinds for s in collected):  # a model without attention (seq2seq): nothing to show
+            return
         with tempfile.TemporaryDirectory() as tmp:
             root = self.out_dir if self.out_dir is not None else Path(tmp)
             pngs = draw_translation_maps(collected, root / sub, self.kinds, title_prefix=f"epoch {epoch}, ")

@@ -1,4 +1,4 @@
-"""LightningModule for Nadaraya–Watson regression on D2L's synthetic data (D2L 11.2).
+"""LightningModule for Nadaraya–Watson regression on D2L's synthetic data (D2L 11.2 (zh 10.2)).
 
 ``conf/model/nw.yaml`` names it as its ``task.module`` (see :mod:`attnlab.lit.translation`).
 """
@@ -27,10 +27,10 @@ from attnlab.models.nadaraya_watson import (
 
 
 class RegressionModule(pl.LightningModule):
-    """Trains the parametric NW model's ``w`` by MSE with leave-one-out keys (D2L 11.2.4).
+    """Trains the parametric NW model's ``w`` by MSE with leave-one-out keys (D2L zh 10.2.4).
 
     The trained model is the Gaussian kernel with w = 1/σ (``attnlab.checkpoint``
-    rebuilds NW checkpoints as such); the other kernels of D2L 11.2 are
+    rebuilds NW checkpoints as such); the other kernels of D2L 11.2 (zh 10.2) are
     non-parametric and evaluated beside it (``nw_evaluation``).
 
     The training batch is the whole training set (queries x_i, keys/values the
@@ -96,9 +96,10 @@ class RegressionModule(pl.LightningModule):
         return []
 
     def figures(self, net: NadarayaWatson, folder: Path) -> list[Path]:
-        """D2L 11.2's figures for the trained ``net`` (fit, weights, each kernel, the width sweep:
-        :func:`attnlab.analysis.viz.nw_figures`) in ``<folder>/attention``, and the attention explorer of
-        the same fits (:func:`attnlab.analysis.explorer.nw_explorer`) in ``<folder>/explorer.html``."""
+        """The figures of D2L 11.2 (zh 10.2) for the trained ``net`` (fit, weights, each kernel, the
+        width sweep: :func:`attnlab.analysis.viz.nw_figures`) in ``<folder>/attention``, and the
+        attention explorer of the same fits (:func:`attnlab.analysis.explorer.nw_explorer`) in
+        ``<folder>/explorer.html``."""
         out_dir = Path(folder) / "attention"
         s, d = self.figure_settings, self.data
         ev = nw_evaluation(d, float(net.w.detach()), s["kernels"], s["width"], s["width_sweep"])
@@ -131,7 +132,7 @@ class RegressionModule(pl.LightningModule):
             d["x_test"],
             d["y_test"],
             fits,
-            "Nadaraya–Watson regression (D2L 11.2): attention weights and fits",
+            "Nadaraya–Watson regression (D2L 11.2 (zh 10.2)): attention weights and fits",
         )
         return [*paths, write_explorer(Path(folder) / "explorer.html", page)]
 

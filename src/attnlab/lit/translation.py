@@ -88,6 +88,10 @@ class TranslationModule(pl.LightningModule):
     ``val_bleu`` and ``val_chrf`` (sacreBLEU, in [0, 100]; per epoch), ``tokens_per_sec``.
     Progress bar only (not logged): ``loss`` (the step's training loss) and ``tokens/s``
     (target tokens per second over the epoch's finished steps, per rank).
+    A net trained by REINFORCE (Bahdanau, ``model.net.attention=hard_reinforce``) adds its
+    surrogate to the training objective and logs ``reinforce_reward``, ``reinforce_baseline``,
+    ``attention_entropy`` and ``reinforce_grad_var`` per epoch
+    (:func:`attnlab.models.hard_attention.score_function_loss`).
     ``val_texts`` (sources, references) set by the caller enables ``val_bleu``/``val_chrf``;
     under DDP each rank translates its share of them, and the sacreBLEU statistics
     (:class:`~attnlab.metrics.CorpusScores`) are summed across ranks into one corpus score.
@@ -136,9 +140,10 @@ class TranslationModule(pl.LightningModule):
 
     def training_step(self, batch, batch_idx):
         loss = self._loss(batch, self.hparams.label_smoothing)
-        if not torch.isfinite(loss):
+        objective = self._add_score_function_term(loss, batch)
+        if not torch.isfinite(objective):
             raise NonFiniteLossError(
-                f"training loss is {loss.item()} at step {self.global_step} (epoch "
+                f"training loss is {objective.item()} at step {self.global_step} (epoch "
                 f"{self.current_epoch}, batch {batch_idx}); no weight was updated with it. "
                 "Lower optimizer.lr or raise model.warmup_steps (a changed config trains afresh)"
             )
@@ -162,7 +167,22 @@ class TranslationModule(pl.LightningModule):
                 prog_bar=True,
                 logger=False,
             )
-        return loss
+        return objective
+
+    def _add_score_function_term(self, loss: torch.Tensor, batch) -> torch.Tensor:
+        """``loss`` plus the REINFORCE surrogate of a net that sampled its attention in this
+        step's pass (``net.score_function_loss``: Bahdanau with ``model.net.attention=hard_reinforce``),
+        whose metrics are logged per epoch; for every other net, ``loss`` itself."""
+        term = getattr(self.net, "score_function_loss", None)
+        out = term(batch["tgt_out"]) if term is not None else None
+        if out is None:
+            return loss
+        surrogate, metrics = out
+        for name, value in metrics.items():
+            self.log(
+                name, value, on_step=False, on_epoch=True, batch_size=len(batch["tgt_out"]), sync_dist=True
+            )
+        return loss + surrogate
 
     def on_train_epoch_start(self):
         self._epoch_tokens, self._epoch_start, self._epoch_train_time = 0, time.perf_counter(), 0.0

@@ -6,10 +6,16 @@ In the chapter's order:
   (Nadaraya–Watson kernel regression);
 * :mod:`attnlab.models.attention`: 11.3 scoring functions (masked softmax, additive and
   scaled dot-product attention), 11.5 multi-head attention (with head masks);
-* :mod:`attnlab.models.bahdanau`: 11.4, the Bahdanau attention seq2seq (GRU);
-* :mod:`attnlab.models.positional_encoding`: 11.6, sinusoidal positional encoding;
+* :mod:`attnlab.models.seq2seq`: 10.7 (zh 9.7), the attention-free GRU seq2seq, Bahdanau's
+  baseline (one fixed context vector);
+* :mod:`attnlab.models.bahdanau`: 11.4, the Bahdanau attention seq2seq (GRU), with additive or
+  dot-product scoring;
+* :mod:`attnlab.models.hard_attention`: hard attention (Xu et al. 2015, sec. 4.1): sampled
+  locations, REINFORCE, the straight-through Gumbel-softmax (Bahdanau's ``attention`` switch);
+* :mod:`attnlab.models.positional_encoding`: 11.6, sinusoidal positional encoding (and the
+  learned and absent alternatives);
 * :mod:`attnlab.models.transformer`: 11.7, the position-wise FFN, add & norm, the blocks and
-  the Transformer encoder–decoder.
+  the Transformer encoder–decoder (post- or pre-norm, scaled or unscaled dot products).
 
 The book's names are importable from here, in one line::
 
@@ -48,6 +54,7 @@ from attnlab.models.attention import (
 from attnlab.models.bahdanau import Bahdanau, Seq2SeqEncoder
 from attnlab.models.nadaraya_watson import NadarayaWatson
 from attnlab.models.positional_encoding import PositionalEncoding
+from attnlab.models.seq2seq import Seq2Seq
 from attnlab.models.transformer import (
     AddNorm,
     PositionWiseFFN,
@@ -66,6 +73,7 @@ __all__ = [
     "NadarayaWatson",
     "PositionWiseFFN",
     "PositionalEncoding",
+    "Seq2Seq",
     "Seq2SeqEncoder",
     "Transformer",
     "TransformerDecoderBlock",
@@ -79,7 +87,11 @@ __all__ = [
 ]
 
 # The `_target_` strings a model config may name (what conf/model/*.yaml write).
-NET_TARGETS = ("attnlab.models.transformer.Transformer", "attnlab.models.bahdanau.Bahdanau")
+NET_TARGETS = (
+    "attnlab.models.transformer.Transformer",
+    "attnlab.models.bahdanau.Bahdanau",
+    "attnlab.models.seq2seq.Seq2Seq",
+)
 
 
 class UnknownModelError(ValueError):
@@ -87,7 +99,7 @@ class UnknownModelError(ValueError):
 
 
 def _classes() -> dict[str, type[nn.Module]]:
-    return {f"{c.__module__}.{c.__qualname__}": c for c in (Transformer, Bahdanau)}
+    return {f"{c.__module__}.{c.__qualname__}": c for c in (Transformer, Bahdanau, Seq2Seq)}
 
 
 def build_net(config: Mapping, **kwargs) -> nn.Module:

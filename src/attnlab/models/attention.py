@@ -47,7 +47,7 @@ def _key_mask(valid_lens: torch.Tensor, num_queries: int, num_keys: int) -> torc
 
 
 def masked_softmax(X: torch.Tensor, valid_lens: torch.Tensor | None) -> torch.Tensor:
-    """Softmax over the last axis that ignores keys past each valid length (D2L 11.3.2).
+    """Softmax over the last axis that ignores keys past each valid length (D2L 11.3.2.1 (zh 10.3.1)).
 
     Args:
         X: scores, float tensor of shape (B, Q, K).
@@ -75,7 +75,7 @@ def masked_hardmax(X: torch.Tensor, valid_lens: torch.Tensor | None) -> torch.Te
     query puts weight exactly 1 on the arg-max of its valid scores and 0
     elsewhere. This is the deterministic ("arg-max") form of the hard
     attention of Xu et al. 2015, "Show, Attend and Tell", section 4.1 (which
-    samples the location; D2L 11.1 contrasts such hard selection with soft,
+    samples the location; D2L 11.1 (zh 10.1) contrasts such hard selection with soft,
     differentiable weighting).
 
     Args:
@@ -182,7 +182,7 @@ class DotProductAttention(nn.Module):
 
 
 def transpose_qkv(X: torch.Tensor, num_heads: int) -> torch.Tensor:
-    """(B, T, H·d) → (B·H, T, d), heads folded into the batch (D2L 11.5.2)."""
+    """(B, T, H·d) → (B·H, T, d), heads folded into the batch (D2L 11.5.2 (zh 10.5.2))."""
     X = X.reshape(X.shape[0], X.shape[1], num_heads, -1)  # (B, T, H, d)
     X = X.permute(0, 2, 1, 3)  # (B, H, T, d)
     return X.reshape(-1, X.shape[2], X.shape[3])  # (B·H, T, d)
@@ -196,7 +196,7 @@ def transpose_output(X: torch.Tensor, num_heads: int) -> torch.Tensor:
 
 
 class MultiHeadAttention(nn.Module):
-    """Multi-head attention with scaled dot-product heads (D2L 11.5; Vaswani et al. 3.2.2).
+    """Multi-head attention with scaled dot-product heads (D2L 11.5 (zh 10.5); Vaswani et al. 3.2.2).
 
     Args:
         d_model: model width; must be divisible by ``num_heads``.

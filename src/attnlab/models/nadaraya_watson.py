@@ -1,9 +1,9 @@
-"""Nadaraya–Watson kernel regression as attention pooling (D2L 11.2; Nadaraya 1964, Watson 1964).
+"""Nadaraya–Watson kernel regression as attention pooling (D2L 11.2 (zh 10.2); Nadaraya 1964, Watson 1964).
 
-D2L 11.2 "Attention Pooling by Similarity" (current edition):
+D2L 11.2 (zh 10.2) "Attention Pooling by Similarity" (current edition):
 
 * eq. 11.2.1, the kernels, applied to u = (x - x_i) / σ with width σ
-  (D2L 11.2.3 "Adapting Attention Pooling" introduces σ for the Gaussian)::
+  (D2L 11.2.3 (zh 10.2.4) "Adapting Attention Pooling" introduces σ for the Gaussian)::
 
       gaussian      k(u) = exp(-u² / 2)
       boxcar        k(u) = 1 if |u| < 1 else 0
@@ -29,7 +29,7 @@ to the nearest-neighbour prediction as σ → 0, and no output is ever NaN.
 The model holds w = 1/σ. It is fixed (non-parametric) or learned (parametric,
 previous edition's eq. 11.2.7, f(x) = Σ_i softmax(-((x - x_i) w)²/2) y_i).
 Average pooling, f(x) = mean(y_i), is the baseline. The synthetic data of the
-previous edition's D2L 11.2.1 is in :mod:`attnlab.data.synthetic`.
+D2L zh 10.2.1 (the previous English edition's 10.2.1) is in :mod:`attnlab.data.synthetic`.
 """
 
 from __future__ import annotations
@@ -184,7 +184,7 @@ class NadarayaWatson(nn.Module):
 
 
 def leave_one_out(x: torch.Tensor, y: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """Keys and values for training queries x (n,): each row holds the other n-1 points (D2L 11.2.4)."""
+    """Keys and values for training queries x (n,): each row holds the other n-1 points (D2L zh 10.2.4)."""
     n = x.shape[0]
     mask = ~torch.eye(n, dtype=torch.bool)
     return x.expand(n, n)[mask].reshape(n, n - 1), y.expand(n, n)[mask].reshape(n, n - 1)
@@ -205,7 +205,7 @@ def nw_evaluation(
             queries x_test (m,).
         w: the trained (parametric, Gaussian) model's w = 1/σ.
         kernels: kernel names for the non-parametric models; width: their σ.
-        width_sweep: σ values for the Gaussian sweep of D2L 11.2.3 (may be empty).
+        width_sweep: σ values for the Gaussian sweep of D2L 11.2.3 (zh 10.2.4) (may be empty).
     Returns:
         ``scores``: the JSON-ready metrics: ``mse`` (parametric), ``mse_nonparametric``
         (Gaussian, σ = 1), ``mse_average_pooling``, ``w``, ``mse_<kernel>`` per kernel

@@ -1,4 +1,4 @@
-"""Positional encodings (D2L 11.6.3 "Positional Encoding"; Vaswani et al. 2017, 3.5).
+"""Positional encodings (D2L 11.6.3 (zh 10.6.3) "Positional Encoding"; Vaswani et al. 2017, 3.5).
 
 :class:`PositionalEncoding` is the book's sinusoidal table; :class:`LearnedPositionalEncoding`
 and :class:`NoPositionalEncoding` are the alternatives of ``model.net.positional_encoding``
@@ -41,7 +41,7 @@ class _TableEncoding(nn.Module):
 
 
 class PositionalEncoding(_TableEncoding):
-    """Sinusoidal positional encoding (D2L 11.6.3; Vaswani et al. 3.5).
+    """Sinusoidal positional encoding (D2L 11.6.3 (zh 10.6.3); Vaswani et al. 3.5).
 
     P[i, 2j] = sin(i / 10000^(2j/d)), P[i, 2j+1] = cos(i / 10000^(2j/d)).
     An odd ``d_model`` works: sin fills the even columns, cos the odd ones.
@@ -81,7 +81,7 @@ class LearnedPositionalEncoding(_TableEncoding):
 
 class NoPositionalEncoding(_TableEncoding):
     """No position information: P is all zeros, so the output is dropout(X) and self-attention
-    over it is permutation-equivariant (D2L 11.6.3's reason for positions). Keeps ``max_len``
+    over it is permutation-equivariant (the reason for positions in D2L 11.6.3 (zh 10.6.3)). Keeps ``max_len``
     (and the contract of :class:`PositionalEncoding`) so that every model has one input limit.
     """
 

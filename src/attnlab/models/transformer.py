@@ -1,8 +1,8 @@
-"""Transformer encoder–decoder (D2L 11.7; Vaswani et al. 2017, section 3).
+"""Transformer encoder–decoder (D2L 11.7 (zh 10.7); Vaswani et al. 2017, section 3).
 
 Post-norm blocks (or pre-norm, ``norm_first=True``) built from
 :mod:`attnlab.models.attention` (multi-head attention), :mod:`attnlab.models.positional_encoding`
-and, as in D2L 11.7.2, the position-wise FFN and add & norm defined here. Token ids are int64,
+and, as in D2L 11.7.2 (zh 10.7.2) and 11.7.3 (zh 10.7.3), the position-wise FFN and add & norm defined here. Token ids are int64,
 ``valid_lens`` int64 (B,). A joint source/target vocabulary lets the source
 embedding, target embedding and output projection share one matrix
 (Press & Wolf 2017; Vaswani et al. 3.4).
@@ -22,7 +22,7 @@ from attnlab.models.positional_encoding import build_positional_encoding
 
 
 class PositionWiseFFN(nn.Module):
-    """Position-wise feed-forward network: W₂ ReLU(W₁ x + b₁) + b₂ (D2L 11.7.2; Vaswani et al. eq. 2).
+    """Position-wise feed-forward network: W₂ ReLU(W₁ x + b₁) + b₂ (D2L 11.7.2 (zh 10.7.2); Vaswani et al. eq. 2).
 
     Shapes: X (B, T, d_model) → (B, T, d_model); the hidden layer has ``ffn_hidden`` units.
     """
@@ -38,7 +38,7 @@ class PositionWiseFFN(nn.Module):
 
 
 class AddNorm(nn.Module):
-    """Residual connection and layer norm around a sublayer (D2L 11.7.2).
+    """Residual connection and layer norm around a sublayer (D2L 11.7.3 (zh 10.7.3)).
 
     Post-norm (``norm_first=False``, D2L's and Vaswani et al.'s): ``forward(X, Y)`` is
     LayerNorm(X + Dropout(Y)), with Y = sublayer(X). Pre-norm (``norm_first=True``; Xiong et al.
@@ -65,7 +65,7 @@ class AddNorm(nn.Module):
 
 
 class TransformerEncoderBlock(nn.Module):
-    """Self-attention → add & norm → FFN → add & norm (D2L 11.7.2); pre-norm with
+    """Self-attention → add & norm → FFN → add & norm (D2L 11.7.4 (zh 10.7.4)); pre-norm with
     ``norm_first``, unscaled dot products with ``scaled=False`` (:class:`Transformer`)."""
 
     attention: MultiHeadAttention
@@ -84,7 +84,7 @@ class TransformerEncoderBlock(nn.Module):
 
 
 class TransformerDecoderBlock(nn.Module):
-    """Causal self-attention, encoder–decoder attention, FFN, each with add & norm (D2L 11.7.4)."""
+    """Causal self-attention, encoder–decoder attention, FFN, each with add & norm (D2L 11.7.5 (zh 10.7.5))."""
 
     attention1: MultiHeadAttention
     attention2: MultiHeadAttention
@@ -141,8 +141,8 @@ class Transformer(nn.Module):
         src_vocab_size: size of a separate source vocabulary (D2L's setting,
             ``data=fra_eng_d2l``); ``None`` means the joint vocabulary of size V.
         scaled: divide the dot products by √d (per head); ``False`` is the ablation of
-            D2L 11.3.3's scaling (``model.net.scaled``).
-        positional_encoding: ``sinusoidal`` (D2L 11.6.3), ``learned`` or ``none``
+            the scaling of D2L 11.3.3 (zh 10.3.3) (``model.net.scaled``).
+        positional_encoding: ``sinusoidal`` (D2L 11.6.3 (zh 10.6.3)), ``learned`` or ``none``
             (:func:`attnlab.models.positional_encoding.build_positional_encoding`).
         norm_first: pre-norm blocks, with a final layer norm after each stack (Xiong et al.
             2020), instead of D2L's post-norm (``False``).

@@ -159,6 +159,11 @@ class EmptyRequestError(InvalidRequestError):
     """A request to the served model holds no sentence."""
 
 
+class NoAttentionError(InvalidRequestError):
+    """Alignments asked of a model without attention (the seq2seq baseline: ``config.json`` →
+    ``cross_attention`` null)."""
+
+
 def _first_over(lengths: list[int], limit: int, unit: str, rule: str) -> None:
     """Raise :class:`InputTooLongError` for the first length over ``limit``:
     "input <i> has <length> <unit> <limit> <rule>"."""
@@ -343,6 +348,7 @@ class Translator:
             InputTooLongError: as :meth:`__call__`; nothing is decoded then.
             FileNotFoundError: the export predates alignments (no ``attention.pt``); names the
                 command that exports it again.
+            NoAttentionError: the model has no attention (seq2seq); nothing is decoded then.
         """
         sentences = list(sentences)
         self.check_lengths(sentences)
@@ -359,7 +365,8 @@ class Translator:
             UnknownEngineError: ``engine`` is not in this export; nothing is decoded then.
             InvalidRequestError (EmptyRequestError, RequestTooLargeError), InputTooLongError:
                 as :meth:`check_request`; nothing is decoded then.
-            FileNotFoundError: as :meth:`align`.
+            FileNotFoundError, NoAttentionError: as :meth:`align` (the latter an
+                InvalidRequestError: HTTP 400 from the served model).
         """
         engine = self.check_engine(engine or self.engine)
         self.check_request(sentences)
@@ -399,6 +406,12 @@ class Translator:
     def _cross_attention(self):
         """The export's attention function and its ``config.json`` entry, loaded once."""
         if getattr(self, "_attention", None) is None:
+            if "cross_attention" in self.config and self.config["cross_attention"] is None:
+                raise NoAttentionError(
+                    f"model {self.config.get('model', '')!r} has no attention, so there are no "
+                    "alignments to show; translate without alignments (or use model=bahdanau or "
+                    "model=transformer)"
+                )
             runtime = self.config.get("runtime") or {}
             file = runtime.get("files", {}).get("attention", "attention.pt")
             if not (self.export_dir / file).exists() or "cross_attention" not in self.config:
