@@ -61,8 +61,17 @@ BLEU_COLUMNS = [
     "val_bleu_greedy", "val_bleu_beam5",
 ]  # fmt: skip
 MINUTE_COLUMNS = ["minutes_setup", "minutes_repro", "minutes_total", "minutes_train", "minutes_evaluate"]
-MODELS = ["transformer", "bahdanau", "nw"]
-MODEL_NAMES = {"transformer": "Transformer", "bahdanau": "Bahdanau", "nw": "Nadaraya–Watson"}
+MODELS = ["transformer", "bahdanau", "seq2seq", "nw"]
+MODEL_NAMES = {
+    "transformer": "Transformer",
+    "bahdanau": "Bahdanau",
+    "seq2seq": "seq2seq (no attention)",
+    "nw": "Nadaraya–Watson",
+}
+# Rows of profile "ablation" are a default recipe with one switch changed: their recipe column is
+# "<default recipe>+<switch>", e.g. "09bcf3d+model.net.scaled=false". docs/results/index.md sets
+# each beside the newest default run of that recipe, model, machine and thread count.
+ABLATION = "ablation"
 HEADLINE_PROFILES = {
     "default": "The default profile (`dvc repro`)",
     "full": "The full profile (`+experiment=full`)",
@@ -128,6 +137,11 @@ def problems(
     for i, r in enumerate(runs, start=2):
         where = f"{RUNS_CSV} line {i} ({r.get('run')}, {r.get('model')})"
         found += [f"{where}: {c} is empty" for c in REQUIRED if not r.get(c)]
+        if r.get("profile") == ABLATION:
+            try:
+                split_ablation(r.get("recipe", ""))
+            except ValueError as e:
+                found.append(f"{where}: {e}")
         if r.get("model") and r["model"] not in MODELS:
             found.append(f"{where}: model {r['model']!r} is not one of {MODELS}")
         if r.get("machine") and r["machine"] not in ids:
@@ -349,6 +363,22 @@ def render_index(runs: Sequence[dict[str, str]], machines: Sequence[dict[str, st
         signatures = _signatures(rows)
         if signatures:
             lines += ["sacreBLEU signature: " + ", ".join(f"`{s}`" for s in signatures) + ".", ""]
+    ablations = _ablation_rows(runs)
+    if ablations:
+        lines += [
+            "## Ablations: the chapter's switches",
+            "",
+            "The default recipe with one switch changed ([how to run them](../how-to/ablations.md)), "
+            "beside the default run of the same model on the same machine and thread count (Δ: "
+            "the switch's test_2016_flickr BLEU minus the default's). One seed each.",
+            "",
+            *_table(
+                ["model", "switch", "test_2016_flickr BLEU", "Δ", "test_2017_flickr BLEU",
+                 "greedy val BLEU by epoch", "machine (threads)", "MLflow run"],
+                ablations,
+            ),
+            "",
+        ]  # fmt: skip
     earlier = _earlier_rows(runs)
     if earlier:
         lines += [
@@ -375,6 +405,66 @@ def render_index(runs: Sequence[dict[str, str]], machines: Sequence[dict[str, st
         "",
     ]
     return "\n".join(lines)
+
+
+def split_ablation(recipe: str) -> tuple[str, str]:
+    """An ablation row's recipe "<default recipe>+<switch>" → (default recipe, switch).
+
+    Raises:
+        ValueError: no "+" in it.
+    """
+    base, plus, switch = recipe.partition("+")
+    if not plus or not base or not switch:
+        raise ValueError(f"an ablation's recipe is '<default recipe>+<switch>', not {recipe!r}")
+    return base, switch
+
+
+def ablation_baseline(runs: Sequence[dict[str, str]], r: dict[str, str]) -> dict[str, str] | None:
+    """The newest default-profile run of the ablation ``r``'s base recipe, model, corpus,
+    direction, machine and thread count (with a test score), or None."""
+    recipe = split_ablation(r["recipe"])[0]
+    same = [
+        b
+        for b in runs
+        if b["profile"] == "default"
+        and b["recipe"] == recipe
+        and all(b[c] == r[c] for c in ("model", "corpus", "src_lang", "tgt_lang", "machine", "threads"))
+        and b.get("test_2016_flickr_bleu")
+    ]
+    return max(same, key=lambda b: b["date"]) if same else None  # the first of the newest date
+
+
+def _ablation_rows(runs: Sequence[dict[str, str]]) -> list[list[str]]:
+    """Per model (in MODELS' order): its baselines, each followed by its ablations."""
+    out = []
+    ablations = sorted((r for r in runs if r["profile"] == ABLATION), key=lambda r: MODELS.index(r["model"]))
+    shown: set[int] = set()
+    for r in ablations:
+        base = ablation_baseline(runs, r)
+        rows = [r]
+        if base is not None and id(base) not in shown:
+            shown.add(id(base))
+            rows.insert(0, base)
+        for row in rows:
+            score, ref = _number(row.get("test_2016_flickr_bleu", "")), None
+            if base is not None:
+                ref = _number(base["test_2016_flickr_bleu"])
+            delta = "" if row is base or score is None or ref is None else f"{score - ref:+.2f}"
+            out.append(
+                [
+                    MODEL_NAMES[row["model"]],
+                    f"(default `{row['recipe']}`)"
+                    if row is base
+                    else f"`{split_ablation(row['recipe'])[1]}`",
+                    _value(row, "test_2016_flickr_bleu"),
+                    delta,
+                    _value(row, "test_2017_flickr_bleu"),
+                    row.get("val_bleu_epochs", ""),
+                    f"{row['machine']} ({row['threads'] or '?'})",
+                    row["mlflow_run_id"],
+                ]
+            )
+    return out
 
 
 def _earlier_rows(runs: Sequence[dict[str, str]]) -> list[list[str]]:

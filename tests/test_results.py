@@ -183,6 +183,34 @@ def test_the_headline_is_the_range_of_the_current_recipe(tmp_path):
     assert "| box-b | CPU B | 4 |  | yes | yes | yes | yes | 2 | day 2 |" in machines_md
 
 
+def test_an_ablation_sits_beside_the_default_run_of_its_own_recipe_machine_and_threads(tmp_path):
+    runs = [
+        *TINY_RUNS,
+        _run("a6", test_2016_flickr_bleu=52.2, machine="box-b", threads=1, date="2026-01-04"),  # newer
+        _run("x1", test_2016_flickr_bleu=36.08, profile="ablation", recipe="r2+model.net.scaled=false",
+             machine="box-b", threads=1, val_bleu_epochs="13.00 24.35"),
+        _run("x2", test_2016_flickr_bleu=40.0, profile="ablation", recipe="r1+model.net.norm_first=true"),
+        _run("x3", test_2016_flickr_bleu=30.0, profile="ablation", recipe="r2+model.net.scaled=false",
+             machine="box-b", threads=4),
+    ]  # fmt: skip
+    root = _tiny_project(tmp_path, runs)
+    rt.write(root)
+    index = (root / "docs/results/index.md").read_text().split("## Ablations")[1].split("\n## ")[0]
+    # the newest default run of recipe r2 on box-b at 1 thread is a6 (not a2): Δ = 36.08 − 52.2
+    assert "| Transformer | (default `r2`) | 52.20 |  |  |  | box-b (1) |  |" in index
+    assert (
+        "| Transformer | `model.net.scaled=false` | 36.08 | -16.12 |  | 13.00 24.35 | box-b (1) |  |" in index
+    )
+    # the base recipe r1's default run on box-a, not the current recipe's
+    assert "| Transformer | (default `r1`) | 49.39 |" in index
+    assert "| Transformer | `model.net.norm_first=true` | 40.00 | -9.39 |" in index
+    # no default run on box-b at 4 threads: no Δ
+    assert "| Transformer | `model.net.scaled=false` | 30.00 |  |  |  | box-b (4) |  |" in index
+    machines = list(csv.DictReader(MACHINES_CSV.splitlines()))
+    found = rt.problems([_run("x", profile="ablation", recipe="model.net.scaled=false")], machines)
+    assert any("'<default recipe>+<switch>', not 'model.net.scaled=false'" in f for f in found), found
+
+
 def test_check_names_the_stale_files_and_writes_nothing(tmp_path, capsys):
     root = _tiny_project(tmp_path, TINY_RUNS)
     rt.write(root)

@@ -1,8 +1,8 @@
 """The Transformer's switches (issue "Answer why by experiment"): ``model.net.scaled``,
 ``model.net.positional_encoding`` and ``model.net.norm_first``.
 
-- At their defaults they build the model D2L describes (post-norm, sinusoid, 1/√d): the same
-  parameters, in the same order, from the same seed, as a model built without naming them.
+- At their defaults they build the model of the commit before them (post-norm, sinusoid, 1/√d,
+  as D2L), bit for bit: parameters, outputs, gradients, decoding steps and attention maps.
 - ``scaled=false`` is softmax(Q Kᵀ) V, checked against the formula in float64 and against
   ``torch.nn.MultiheadAttention`` with W_q multiplied by √d (same scores, scaled back).
 - ``positional_encoding=none`` makes the encoder permutation-equivariant; the sinusoid does not.
@@ -21,6 +21,7 @@ import json
 import math
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -56,17 +57,61 @@ def _batch(seed=1):
     return src, valid, tgt_in
 
 
-def test_the_defaults_build_the_books_model_bitwise():
+BEFORE = "65e40db"  # the last commit before the switches
+# Builds a seeded Transformer with the package on sys.path[0] and saves what it computes: the
+# state, a training step's outputs and gradients (dropout on), eval outputs, a decoding step, maps.
+_PROBE = """
+import sys, torch
+sys.path.insert(0, sys.argv[1])
+from attnlab.models.transformer import Transformer
+torch.manual_seed(0)
+net = Transformer(50, 16, 4, 2, 24, dropout=0.1, max_len=32)
+g = torch.Generator().manual_seed(1)
+src, tgt = torch.randint(4, 50, (3, 7), generator=g), torch.randint(4, 50, (3, 5), generator=g)
+valid = torch.tensor([7, 4, 2])
+torch.manual_seed(5)
+out_train = net.train()(src, valid, tgt)
+out_train.sum().backward()
+net.eval()
+with torch.no_grad():
+    out = net(src, valid, tgt)
+    step, *_ = net.step(tgt[:, :1], *net.init_state(src, valid))
+    maps = net.attention_maps(src, valid, tgt)
+torch.save({"state": net.state_dict(), "train": out_train.detach(), "out": out, "step": step, "maps": maps,
+            "grads": [p.grad for p in net.parameters()]}, sys.argv[2])
+"""
+
+
+def _probe(src_dir: Path, out: Path) -> dict:
+    done = subprocess.run(
+        [sys.executable, "-c", _PROBE, str(src_dir), str(out)], capture_output=True, text=True
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    return torch.load(out)
+
+
+def test_the_defaults_build_the_model_before_the_switches_bitwise(tmp_path):
+    """The same seeded Transformer, built by this tree and by the package at ``BEFORE`` (exported
+    with ``git archive``): equal state, training outputs and gradients, eval outputs, decoding
+    step and attention maps, bit for bit."""
+    ROOT = Path(__file__).resolve().parents[1]
+    if subprocess.run(["git", "cat-file", "-e", f"{BEFORE}^{{commit}}"], cwd=ROOT).returncode:
+        pytest.skip(f"commit {BEFORE} is not in this clone (a shallow checkout)")
+    archive = subprocess.run(["git", "archive", BEFORE, "src"], cwd=ROOT, capture_output=True, check=True)
+    subprocess.run(["tar", "-x", "-C", str(tmp_path)], input=archive.stdout, check=True)
+    before, now = _probe(tmp_path / "src", tmp_path / "before.pt"), _probe(ROOT / "src", tmp_path / "now.pt")
+    assert list(before["state"]) == list(now["state"])
+    assert all(torch.equal(a, b) for a, b in zip(before["state"].values(), now["state"].values()))
+    for key in ("train", "out", "step"):
+        assert torch.equal(before[key], now[key]), key
+    assert all(torch.equal(a, b) for a, b in zip(before["grads"], now["grads"], strict=True))
+    for kind, layers in before["maps"].items():
+        assert all(torch.equal(a, b) for a, b in zip(layers, now["maps"][kind], strict=True)), kind
+    # and naming the defaults changes nothing
     plain, explicit = _net(), _net(scaled=True, positional_encoding="sinusoidal", norm_first=False)
-    assert list(plain.state_dict()) == list(explicit.state_dict())
     assert all(torch.equal(a, b) for a, b in zip(plain.state_dict().values(), explicit.state_dict().values()))
-    src, valid, tgt_in = _batch()
-    with torch.no_grad():
-        assert torch.equal(plain(src, valid, tgt_in), explicit(src, valid, tgt_in))
-    # the book's parts: the sinusoid as a buffer (no parameter), post-norm, no final norm
     assert type(plain.pos_encoding) is PositionalEncoding and "pos_encoding.P" not in plain.state_dict()
     assert isinstance(plain.encoder_norm, nn.Identity) and isinstance(plain.decoder_norm, nn.Identity)
-    assert all(not blk.addnorm1.norm_first and blk.attention.scaled for blk in plain.encoder_blocks)
 
 
 def test_unscaled_dot_product_is_softmax_of_raw_scores():

@@ -1,4 +1,4 @@
-"""The Vision Transformer (D2L 11.8, no section in the Chinese edition; Dosovitskiy et al. 2021), its
+"""The Vision Transformer (D2L 11.8 (no zh section); Dosovitskiy et al. 2021), its
 CNN baseline, the image data (scikit-learn's digits; MNIST and CIFAR-10 through torchvision) and
 the train → evaluate → export stages of ``model=vit`` / ``model=cnn``.
 """
@@ -319,5 +319,6 @@ def test_train_evaluate_export_on_a_digits_subset(tmp_path, model):
         torch.testing.assert_close(program(test_x[:n]), logits[:n], rtol=1e-5, atol=1e-5)
     config = json.loads((tmp_path / "models" / model / "config.json").read_text())
     assert config["task"] == "classification" and config["model"] == model and config["num_classes"] == 10
+    assert config["classes"] == [str(d) for d in range(10)]  # the digits, in logit order
     with pytest.raises(Exception, match="holds a"):
         load_classifier(ckpt, expected_kind="cnn" if model == "vit" else "vit")

@@ -96,7 +96,7 @@ print("mode:", "fast" if FAST else "full")
 
 # %%
 def show_heatmaps(matrices, xlabel, ylabel, titles=None, figsize=(2.5, 2.5), cmap="Reds"):
-    """D2L 11.1's show_heatmaps: matrices (rows, cols, queries, keys), one heatmap per panel."""
+    """D2L 11.1 (zh 10.1)'s show_heatmaps: matrices (rows, cols, queries, keys), one heatmap per panel."""
     num_rows, num_cols = matrices.shape[0], matrices.shape[1]
     fig, axes = plt.subplots(num_rows, num_cols, figsize=figsize, sharex=True, sharey=True, squeeze=False)
     for i, (row_axes, row_matrices) in enumerate(zip(axes, matrices)):
@@ -157,7 +157,7 @@ show_heatmaps(
 # %% [markdown]
 # ## 3. Attention is a soft database lookup
 #
-# D2L 11.1 starts from a database: a set of (key, value) pairs such as (surname, first name).
+# D2L 11.1 (zh 10.1) starts from a database: a set of (key, value) pairs such as (surname, first name).
 # An exact query, "Li", returns the one value whose key matches, "Mu". Attention replaces the
 # exact match with weights. For a query $\mathbf q$ and keys $\mathbf k_1, \ldots, \mathbf k_m$:
 #

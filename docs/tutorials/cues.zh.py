@@ -89,7 +89,7 @@ print("mode:", "fast" if FAST else "full")
 
 # %%
 def show_heatmaps(matrices, xlabel, ylabel, titles=None, figsize=(2.5, 2.5), cmap="Reds"):
-    """D2L 11.1's show_heatmaps: matrices (rows, cols, queries, keys), one heatmap per panel."""
+    """D2L 11.1 (zh 10.1)'s show_heatmaps: matrices (rows, cols, queries, keys), one heatmap per panel."""
     num_rows, num_cols = matrices.shape[0], matrices.shape[1]
     fig, axes = plt.subplots(num_rows, num_cols, figsize=figsize, sharex=True, sharey=True, squeeze=False)
     for i, (row_axes, row_matrices) in enumerate(zip(axes, matrices)):

@@ -61,7 +61,7 @@ print("mode:", "fast" if FAST else "full")
 # Take the sentence 早上好 ("good morning"), three tokens, and give each a hand-picked 2-d
 # embedding, the rows of $\mathbf X \in \mathbb R^{3\times 2}$:
 # 早 $=(1, 0)$, 上 $=(1, 1)$, 好 $=(0, 2)$.
-# Self-attention in its simplest form (D2L 11.6.1) uses $\mathbf X$ as queries, keys and values:
+# Self-attention in its simplest form (D2L 11.6.1 (zh 10.6.1)) uses $\mathbf X$ as queries, keys and values:
 #
 # $$\mathbf Y = \operatorname{softmax}(\mathbf X\mathbf X^\top)\,\mathbf X .$$
 #
@@ -171,7 +171,7 @@ plt.show()
 #
 # ## 2. CNNs, RNNs and self-attention, measured
 #
-# D2L 11.6.2 compares three layers that map a sequence of $n$ tokens of width $d$ to another
+# D2L 11.6.2 (zh 10.6.2) compares three layers that map a sequence of $n$ tokens of width $d$ to another
 # such sequence: a convolution with kernel size $k$, an RNN, and self-attention:
 #
 # | layer | computational complexity | sequential operations | maximum path length |
@@ -206,7 +206,9 @@ NS = [8, 16, 32, 64, 128, 256] if FAST else [8, 16, 32, 64, 128, 256, 512, 1024]
 
 
 def make_layers(d: int = D, k: int = K, heads: int = HEADS) -> dict[str, nn.Module]:
-    """The three layers of D2L 11.6.2, of width d, in eval mode: each maps (B, n, d) to (B, n, d)."""
+    """The three layers of D2L 11.6.2 (zh 10.6.2), of width d, in eval mode.
+
+    Each maps (B, n, d) to (B, n, d)."""
     conv = nn.Conv1d(d, d, k, padding=k // 2).eval()
     gru = nn.GRU(d, d, batch_first=True).eval()
     mha = MultiHeadAttention(d, heads).eval()
@@ -508,12 +510,12 @@ for n in (8, 16):
 # %% [markdown]
 # So the table holds, measured: self-attention does the most arithmetic per token once $n > d$,
 # but all of it in parallel, and it links any two tokens directly. That is why the Transformer
-# (D2L 11.7) is built from it. The price is the $n^2$ in its FLOPs and memory.
+# (D2L 11.7 (zh 10.7)) is built from it. The price is the $n^2$ in its FLOPs and memory.
 #
 # ## 3. Positional encoding
 #
 # Self-attention ignores order: permute the input tokens and the outputs are permuted the same
-# way. D2L 11.6.3 adds position information to the input, $\mathbf X + \mathbf P$, with
+# way. D2L 11.6.3 (zh 10.6.3) adds position information to the input, $\mathbf X + \mathbf P$, with
 #
 # $$p_{i,2j} = \sin\!\left(\frac{i}{10000^{2j/d}}\right),\qquad
 # p_{i,2j+1} = \cos\!\left(\frac{i}{10000^{2j/d}}\right).$$
@@ -543,7 +545,7 @@ assert torch.allclose(P[:, 1::2].double(), torch.cos(i * omega), rtol=0, atol=1e
 # frequency $\omega_3 = 10000^{-6/32}$) oscillate faster than columns 8 and 9 (frequency
 # $\omega_4 = 10000^{-8/32} = 0.1$), and each cosine is its sine shifted by a quarter period. The
 # heatmap shows all 32 columns: the frequency falls from left to right, as the bits of a binary
-# number change more slowly from the lowest to the highest (D2L 11.6.3.1).
+# number change more slowly from the lowest to the highest (D2L 11.6.3.1 (zh 10.6.3.1)).
 
 # %%
 fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(10, 3.8), gridspec_kw={"width_ratios": [1.3, 1]})
@@ -576,8 +578,8 @@ assert torch.all(omega[1:] < omega[:-1])  # frequencies fall along the encoding 
 # %% [markdown]
 # ### Relative positions: a rotation
 #
-# D2L 11.6.3.2: for any offset $\delta$, each (sine, cosine) pair at position $i + \delta$ is the
-# pair at position $i$ rotated by the angle $\omega_j\delta$,
+# D2L 11.6.3.2 (zh 10.6.3.2): for any offset $\delta$, each (sine, cosine) pair at position
+# $i + \delta$ is the pair at position $i$ rotated by the angle $\omega_j\delta$,
 #
 # $$\begin{bmatrix} \cos\omega_j\delta & \sin\omega_j\delta \\ -\sin\omega_j\delta &
 # \cos\omega_j\delta \end{bmatrix}

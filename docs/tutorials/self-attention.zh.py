@@ -198,7 +198,9 @@ NS = [8, 16, 32, 64, 128, 256] if FAST else [8, 16, 32, 64, 128, 256, 512, 1024]
 
 
 def make_layers(d: int = D, k: int = K, heads: int = HEADS) -> dict[str, nn.Module]:
-    """The three layers of D2L 11.6.2, of width d, in eval mode: each maps (B, n, d) to (B, n, d)."""
+    """The three layers of D2L 11.6.2 (zh 10.6.2), of width d, in eval mode.
+
+    Each maps (B, n, d) to (B, n, d)."""
     conv = nn.Conv1d(d, d, k, padding=k // 2).eval()
     gru = nn.GRU(d, d, batch_first=True).eval()
     mha = MultiHeadAttention(d, heads).eval()

@@ -68,7 +68,7 @@ print("mode:", "fast" if FAST else "full")
 #
 # ### D2L's tiny example
 #
-# D2L 11.7.2 compares the two on a batch of two examples with two features,
+# D2L 11.7.2 (zh 10.7.2) compares the two on a batch of two examples with two features,
 # $\mathbf X = \begin{bmatrix}1 & 2\\ 2 & 3\end{bmatrix}$, in training mode. **Layer norm**
 # normalizes each *row* (one example, over its features); **batch norm** normalizes each
 # *column* (one feature, over the batch). Both subtract the mean and divide by
@@ -180,7 +180,7 @@ plt.show()
 
 # %% [markdown]
 # Under layer norm the four lines lie on top of one another; under batch norm each context
-# draws its own. This is why D2L 11.7.2 says layer norm
+# draws its own. This is why D2L 11.7.2 (zh 10.7.2) says layer norm
 # suits natural language: sequences have variable lengths, and a position's normalized value
 # should not depend on its neighbours in the batch.
 #
@@ -317,7 +317,7 @@ assert dec_names == ["attention1", "addnorm1", "attention2", "addnorm2", "ffn", 
 # The sublayers carry D2L's own attribute names (`attention`, `addnorm1`, `ffn`, ... down to
 # `dense1`, `W_q`, `ln`), and the sizes have the paper's names where D2L has its own:
 #
-# | sublayer | attnlab class (attribute) | D2L 11.7 |
+# | sublayer | attnlab class (attribute) | D2L 11.7 (zh 10.7) |
 # |---|---|---|
 # | encoder block | `TransformerEncoderBlock` (`encoder_blocks[i]`) | `TransformerEncoderBlock` (`blks`) |
 # | &nbsp; self-attention | `MultiHeadAttention` (`attention`) | `MultiHeadAttention` (`attention`) |

@@ -1,4 +1,4 @@
-"""Image classification data for the Vision Transformer (D2L 11.8) and its CNN baseline.
+"""Image classification data for the Vision Transformer (D2L 11.8 (no zh section)) and its CNN baseline.
 
 Each ``conf/data/<name>.yaml`` of images names its reader as ``load``; the reader returns
 :class:`ImageSplits`: float32 images (N, C, H, W) in [0, 1] and int64 labels (N,) for

@@ -1,4 +1,5 @@
-"""The image classifiers' export stage (ViT, D2L 11.8, and its CNN baseline): a ``torch.export``
+"""The image classifiers' export stage (ViT, D2L 11.8 (no zh section), and its CNN baseline):
+a ``torch.export``
 program with a dynamic batch size, loadable with torch alone.
 
 ``conf/model/{vit,cnn}.yaml`` name :func:`export_classifier` as ``task.export``. The folder
@@ -46,7 +47,8 @@ def export_classifier(cfg: DictConfig, net: nn.Module, record: dict, out_dir: Pa
         AssertionError: the reloaded program's logits differ from the net's.
     """
     data = cfg.data
-    images = load_image_splits(data).splits["test"][0][:8]
+    splits = load_image_splits(data)
+    images = splits.splits["test"][0][:8]
     with staged_dir(Path(out_dir)) as tmp:
         export_image_program(net, images, tmp / PROGRAM)
         with torch.no_grad():
@@ -60,6 +62,7 @@ def export_classifier(cfg: DictConfig, net: nn.Module, record: dict, out_dir: Pa
             "program": PROGRAM,
             "input": f"float32 (B, {data.channels}, {data.image_size}, {data.image_size}), pixels in [0, 1]",
             "num_classes": data.num_classes,
+            "classes": list(splits.classes),  # the name of each output, in logit order
             "mlflow_run_id": record["run_id"],
             "model_config": OmegaConf.to_container(cfg.model, resolve=True),
             "data": OmegaConf.to_container(data, resolve=True),

@@ -1,4 +1,5 @@
-"""The image classifiers' evaluate stage (ViT, D2L 11.8, and its CNN baseline): the net back from a
+"""The image classifiers' evaluate stage (ViT, D2L 11.8 (no zh section), and its CNN baseline):
+the net back from a
 training checkpoint, test accuracy, and the summary ``src/evaluate.py`` prints.
 
 ``conf/model/{vit,cnn}.yaml`` name these as ``task.load``, ``task.evaluate`` and

@@ -1,4 +1,5 @@
-"""LightningModule for image classification: the Vision Transformer (D2L 11.8) and its CNN baseline.
+"""LightningModule for image classification: the Vision Transformer (D2L 11.8 (no zh section))
+and its CNN baseline.
 
 ``conf/model/vit.yaml`` and ``conf/model/cnn.yaml`` name it as their ``task.module`` (see
 :mod:`attnlab.lit.translation`); the data are ``conf/data/{digits,mnist,cifar10}.yaml``

@@ -2,7 +2,8 @@
 
 Post-norm blocks (or pre-norm, ``norm_first=True``) built from
 :mod:`attnlab.models.attention` (multi-head attention), :mod:`attnlab.models.positional_encoding`
-and, as in D2L 11.7.2 (zh 10.7.2) and 11.7.3 (zh 10.7.3), the position-wise FFN and add & norm defined here. Token ids are int64,
+and, as in D2L 11.7.2 (zh 10.7.2) and 11.7.3 (zh 10.7.3), the position-wise FFN and add & norm
+defined here. Token ids are int64,
 ``valid_lens`` int64 (B,). A joint source/target vocabulary lets the source
 embedding, target embedding and output projection share one matrix
 (Press & Wolf 2017; Vaswani et al. 3.4).
@@ -22,7 +23,8 @@ from attnlab.models.positional_encoding import build_positional_encoding
 
 
 class PositionWiseFFN(nn.Module):
-    """Position-wise feed-forward network: W₂ ReLU(W₁ x + b₁) + b₂ (D2L 11.7.2 (zh 10.7.2); Vaswani et al. eq. 2).
+    """Position-wise feed-forward network: W₂ ReLU(W₁ x + b₁) + b₂ (D2L 11.7.2 (zh 10.7.2);
+    Vaswani et al. eq. 2).
 
     Shapes: X (B, T, d_model) → (B, T, d_model); the hidden layer has ``ffn_hidden`` units.
     """
@@ -84,7 +86,8 @@ class TransformerEncoderBlock(nn.Module):
 
 
 class TransformerDecoderBlock(nn.Module):
-    """Causal self-attention, encoder–decoder attention, FFN, each with add & norm (D2L 11.7.5 (zh 10.7.5))."""
+    """Causal self-attention, encoder–decoder attention, FFN, each with add & norm
+    (D2L 11.7.5 (zh 10.7.5))."""
 
     attention1: MultiHeadAttention
     attention2: MultiHeadAttention

@@ -1,12 +1,13 @@
-"""Vision Transformer (D2L 11.8, no section in the Chinese edition; Dosovitskiy et al. 2021) and a
+"""Vision Transformer (D2L 11.8 (no zh section); Dosovitskiy et al. 2021) and a
 small CNN of about the same size to compare it with.
 
 The ViT cuts an image into patch_size × patch_size patches, embeds each (a convolution whose
-kernel and stride are the patch size, D2L 11.8.1), puts a learned class token at position 0,
+kernel and stride are the patch size, D2L 11.8.1 (no zh section)), puts a learned class token at position 0,
 adds learned positions and runs :class:`attnlab.models.transformer.TransformerEncoderBlock`
 over the sequence; the classifier reads the class token's output. Our encoder blocks are
-D2L 11.7's post-norm blocks with a ReLU FFN, where D2L 11.8.2 and the paper use pre-norm blocks
-with a GELU MLP; the head is therefore a plain linear layer (the blocks end in a layer norm).
+the post-norm blocks of D2L 11.7 (zh 10.7) with a ReLU FFN, where D2L 11.8.2 (no zh section)
+and the paper use pre-norm blocks with a GELU MLP; the head is therefore a plain linear layer
+(the blocks end in a layer norm).
 
 Images are float32 (B, C, H, W); labels int64 (B,); logits float32 (B, num_classes).
 """
@@ -23,7 +24,7 @@ from attnlab.models.transformer import TransformerEncoderBlock
 
 
 class PatchEmbedding(nn.Module):
-    """Patches → vectors: a convolution with kernel = stride = ``patch_size`` (D2L 11.8.1).
+    """Patches → vectors: a convolution with kernel = stride = ``patch_size`` (D2L 11.8.1 (no zh section)).
 
     Shapes: X (B, C, H, W) → (B, (H/p)·(W/p), d_model); patches in row-major order (left to
     right, then top to bottom), so patch k covers rows p·(k // (W/p)) … and columns p·(k % (W/p)) ….
@@ -47,7 +48,7 @@ class PatchEmbedding(nn.Module):
 
 
 class VisionTransformer(nn.Module):
-    """ViT for classification (D2L 11.8.3; Dosovitskiy et al. 2021, eq. 1-4).
+    """ViT for classification (D2L 11.8.3 (no zh section); Dosovitskiy et al. 2021, eq. 1-4).
 
     Args:
         image_size, in_channels, num_classes: of the data (square images).
