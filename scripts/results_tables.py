@@ -219,13 +219,14 @@ def _fmt(value: float, column: str) -> str:
 
 
 def score_range(rows: Sequence[dict[str, str]], column: str) -> str:
-    """``"51.83–52.43 (6 runs)"``: min–max of a score over the rows that have it."""
+    """``"51.83–52.43 (6 runs)"``: min–max of a score over the rows that have it (one figure
+    when they all print alike: ``"28.23 (8 runs)"``)."""
     values = [float(r[column]) for r in rows if r.get(column)]
     if not values:
         return "—"
     low, high = _fmt(min(values), column), _fmt(max(values), column)
     count = f"{len(values)} run" + ("s" if len(values) > 1 else "")
-    return f"{low} ({count})" if len(values) == 1 else f"{low}–{high} ({count})"
+    return f"{low} ({count})" if low == high else f"{low}–{high} ({count})"
 
 
 def _value(r: dict[str, str], column: str) -> str:

@@ -181,4 +181,5 @@ def test_the_package_is_grouped_by_concern():
         "models",
         "serving",
         "tracking",
+        "vision",  # the image task (ViT, CNN): the translation pipeline neither imports nor depends on it
     ]

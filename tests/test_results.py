@@ -211,6 +211,13 @@ def test_an_ablation_sits_beside_the_default_run_of_its_own_recipe_machine_and_t
     assert any("'<default recipe>+<switch>', not 'model.net.scaled=false'" in f for f in found), found
 
 
+def test_a_range_whose_ends_print_alike_is_one_figure():
+    rows = [_run("a", test_2016_flickr_bleu=28.232), _run("b", test_2016_flickr_bleu=28.2349)]
+    assert rt.score_range(rows, "test_2016_flickr_bleu") == "28.23 (2 runs)"
+    rows.append(_run("c", test_2016_flickr_bleu=28.236))
+    assert rt.score_range(rows, "test_2016_flickr_bleu") == "28.23–28.24 (3 runs)"
+
+
 def test_check_names_the_stale_files_and_writes_nothing(tmp_path, capsys):
     root = _tiny_project(tmp_path, TINY_RUNS)
     rt.write(root)

@@ -17,10 +17,10 @@ import torch
 from hydra import compose, initialize_config_dir
 
 import attnlab  # noqa: F401 - registers the resolvers conf/ uses, as the apps do
-from attnlab.data.images import load_image_splits
 from attnlab.export.program import load_program
-from attnlab.inference.classification import load_classifier
-from attnlab.models.vit import PatchEmbedding, SmallCNN, VisionTransformer, build_image_net
+from attnlab.vision.data import load_image_splits
+from attnlab.vision.evaluation import load_classifier
+from attnlab.vision.vit import PatchEmbedding, SmallCNN, VisionTransformer, build_image_net
 from helpers.tiny_train import env
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -23,8 +23,8 @@
 # Transformer encoder in section **11.7** (Chinese edition 10.7 Transformer). The model is
 # Dosovitskiy et al., *An Image is Worth 16x16 Words: Transformers for Image Recognition at
 # Scale* (ICLR 2021). We use attnlab's own code: `VisionTransformer`, `PatchEmbedding` and the
-# baseline `SmallCNN` (`src/attnlab/models/vit.py`), the digits split
-# (`src/attnlab/data/images.py`) and the default sizes of `conf/model/vit.yaml` and
+# baseline `SmallCNN` (`src/attnlab/vision/vit.py`), the digits split
+# (`src/attnlab/vision/data.py`) and the default sizes of `conf/model/vit.yaml` and
 # `conf/model/cnn.yaml`. Every claim below is computed on this page and checked with an
 # `assert`; the site runs the page when it is built, and the tests run it too
 # (`tests/test_tutorials.py`), so a claim that stops being true fails CI.
@@ -60,9 +60,9 @@ from omegaconf import OmegaConf
 from torch.nn import functional as F
 
 import attnlab
-from attnlab.data.images import load_image_splits
+from attnlab.vision.data import load_image_splits
 from attnlab.models import TransformerEncoderBlock
-from attnlab.models.vit import PatchEmbedding, SmallCNN, VisionTransformer, build_image_net
+from attnlab.vision.vit import PatchEmbedding, SmallCNN, VisionTransformer, build_image_net
 
 START = time.perf_counter()
 FAST = os.environ.get("ATTNLAB_TUTORIAL_FAST") == "1"  # fewer epochs, same assertions
@@ -469,7 +469,7 @@ plt.show()
 # Each row is one test image and each heatmap one head of the last block: a cell is the weight
 # the class token gives to the patch at that place. What the heads pick out is for you to read
 # here; the page asserts no reading of it. The pipeline draws the same maps after training
-# (`class_token_figures` in `src/attnlab/lit/classification.py`, one PNG per validation image
+# (`class_token_figures` in `src/attnlab/vision/lit.py`, one PNG per validation image
 # under `plots/vit/attention/`), with a first panel marking where the ink is.
 #
 # ## 5. The same models in the pipeline

@@ -21,8 +21,8 @@
 # 自注意力和位置编码在 **10.6 节 自注意力和位置编码**（英文版 11.6），Transformer 编码器在 **10.7
 # 节 Transformer**（英文版 11.7）。模型出自 Dosovitskiy 等人的论文 *An Image is Worth 16x16 Words:
 # Transformers for Image Recognition at Scale*（ICLR 2021）。我们用 attnlab 自己的代
-# 码：`VisionTransformer`、`PatchEmbedding` 和基线 `SmallCNN`（`src/attnlab/models/vit.py`），数字数
-# 据集的划分（`src/attnlab/data/images.py`），以及 `conf/model/vit.yaml` 和 `conf/model/cnn.yaml` 的
+# 码：`VisionTransformer`、`PatchEmbedding` 和基线 `SmallCNN`（`src/attnlab/vision/vit.py`），数字数
+# 据集的划分（`src/attnlab/vision/data.py`），以及 `conf/model/vit.yaml` 和 `conf/model/cnn.yaml` 的
 # 默认规模。下文的每个结论都在本页计算，并用 `assert` 检查；网站构建时会运行本页，测试也会运行它
 # （`tests/test_tutorials.py`），所以结论一旦不再成立，CI 就会失败。
 #
@@ -54,9 +54,9 @@ from omegaconf import OmegaConf
 from torch.nn import functional as F
 
 import attnlab
-from attnlab.data.images import load_image_splits
+from attnlab.vision.data import load_image_splits
 from attnlab.models import TransformerEncoderBlock
-from attnlab.models.vit import PatchEmbedding, SmallCNN, VisionTransformer, build_image_net
+from attnlab.vision.vit import PatchEmbedding, SmallCNN, VisionTransformer, build_image_net
 
 START = time.perf_counter()
 FAST = os.environ.get("ATTNLAB_TUTORIAL_FAST") == "1"  # fewer epochs, same assertions
@@ -448,7 +448,7 @@ plt.show()
 # %% [markdown]
 # 每一行是一张测试图像，每张热图是最后一个块的一个头：每个格子是类别词元给该位置图块的权重。各个头挑
 # 出了什么，请你自己在这里读图；本页不断言任何解读。流水线在训练后会画出同样的图
-# （`src/attnlab/lit/classification.py` 中的 `class_token_figures`，每张验证图像一个 PNG，位于
+# （`src/attnlab/vision/lit.py` 中的 `class_token_figures`，每张验证图像一个 PNG，位于
 # `plots/vit/attention/`），并在第一个面板标出墨迹所在的位置。
 #
 # ## 5. 在流水线中运行同样的模型

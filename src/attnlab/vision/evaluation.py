@@ -19,10 +19,10 @@ from torch.nn import functional as F
 from attnlab.checkpoint import CheckpointError
 from attnlab.console.runs import mlflow_client, mlflow_links
 from attnlab.console.summaries import block
-from attnlab.data.images import load_image_splits
 from attnlab.device import single_device
 from attnlab.inference.evaluation import Evaluation
-from attnlab.models.vit import build_image_net
+from attnlab.vision.data import load_image_splits
+from attnlab.vision.vit import build_image_net
 
 BATCH_SIZE = 256  # test images scored together
 
@@ -78,7 +78,7 @@ def predict(net: nn.Module, images: torch.Tensor, device: torch.device | str = "
 
 def evaluate_classification(cfg: DictConfig, net: nn.Module) -> Evaluation:
     """Top-1 accuracy and mean cross-entropy of ``net`` on the test split of ``data``
-    (:func:`attnlab.data.images.load_image_splits`, ``data.subset`` applies), on the device
+    (:func:`attnlab.vision.data.load_image_splits`, ``data.subset`` applies), on the device
     ``device`` names. Scores: ``accuracy`` (in [0, 1]), ``loss`` (nats per image),
     ``num_images``, ``errors``, ``data`` (the data config that says which split); MLflow
     ``test_accuracy`` and ``test_loss``.

@@ -169,7 +169,7 @@ class SmallCNN(nn.Module):
 
 
 # The `_target_` strings an image model config may name (conf/model/{vit,cnn}.yaml).
-IMAGE_NET_TARGETS = ("attnlab.models.vit.VisionTransformer", "attnlab.models.vit.SmallCNN")
+IMAGE_NET_TARGETS = ("attnlab.vision.vit.VisionTransformer", "attnlab.vision.vit.SmallCNN")
 
 
 def build_image_net(config: Mapping, image_size: int, in_channels: int, num_classes: int) -> nn.Module:

@@ -18,9 +18,9 @@ import torch
 from omegaconf import DictConfig, OmegaConf
 from torch import nn
 
-from attnlab.data.images import load_image_splits
 from attnlab.export.program import MAX_SIZE, load_program
 from attnlab.files import staged_dir
+from attnlab.vision.data import load_image_splits
 
 FORMAT_VERSION = 1
 PROGRAM = "model.pt2"

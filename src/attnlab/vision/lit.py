@@ -3,7 +3,7 @@ and its CNN baseline.
 
 ``conf/model/vit.yaml`` and ``conf/model/cnn.yaml`` name it as their ``task.module`` (see
 :mod:`attnlab.lit.translation`); the data are ``conf/data/{digits,mnist,cifar10}.yaml``
-(:mod:`attnlab.data.images`).
+(:mod:`attnlab.vision.data`).
 """
 
 from __future__ import annotations
@@ -20,12 +20,12 @@ from torchmetrics import MeanMetric
 from torchmetrics.classification import MulticlassAccuracy
 
 from attnlab.analysis.viz import heatmap_grid
-from attnlab.data.images import load_image_splits
-from attnlab.models.vit import VisionTransformer, build_image_net
+from attnlab.vision.data import load_image_splits
+from attnlab.vision.vit import VisionTransformer, build_image_net
 
 
 class ClassificationModule(pl.LightningModule):
-    """Trains an image classifier (``attnlab.models.vit``) by cross-entropy.
+    """Trains an image classifier (``attnlab.vision.vit``) by cross-entropy.
 
     Args:
         net: plain config dict of the model (``_target_`` and sizes, ``model.net``).
@@ -68,7 +68,7 @@ class ClassificationModule(pl.LightningModule):
     @classmethod
     def from_config(cls, cfg: DictConfig) -> tuple[ClassificationModule, tuple[DataLoader, DataLoader]]:
         """(module, (train loader, val loader)) for ``trainer.fit(module, *loaders)``: the images
-        of ``data`` (:func:`attnlab.data.images.load_image_splits`) in batches of
+        of ``data`` (:func:`attnlab.vision.data.load_image_splits`) in batches of
         ``model.batch_size``, training shuffled with ``seed``; the module keeps the val images at
         ``heatmaps.sentences`` (indices; those past the split are skipped) for its figures.
 
