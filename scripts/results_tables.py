@@ -33,6 +33,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 RUNS_CSV = Path("results/runs.csv")
+BY_LENGTH_CSV = Path("results/bleu_by_length.csv")  # scripts/bleu_by_length.py; optional
 MACHINES_CSV = Path("results/machines.csv")
 README = Path("README.md")
 INDEX_MD = Path("docs/results/index.md")
@@ -72,6 +73,8 @@ MODEL_NAMES = {
 # "<default recipe>+<switch>", e.g. "09bcf3d+model.net.scaled=false". docs/results/index.md sets
 # each beside the newest default run of that recipe, model, machine and thread count.
 ABLATION = "ablation"
+# an ablation that is a model of its own is set beside the model it ablates (the same sizes)
+ABLATED = {"seq2seq": "bahdanau"}
 HEADLINE_PROFILES = {
     "default": "The default profile (`dvc repro`)",
     "full": "The full profile (`+experiment=full`)",
@@ -331,7 +334,11 @@ RANGE_NOTE = (
 )
 
 
-def render_index(runs: Sequence[dict[str, str]], machines: Sequence[dict[str, str]]) -> str:
+def render_index(
+    runs: Sequence[dict[str, str]],
+    machines: Sequence[dict[str, str]],
+    by_length: Sequence[dict[str, str]] = (),
+) -> str:
     lines = [
         GENERATED,
         "",
@@ -380,6 +387,28 @@ def render_index(runs: Sequence[dict[str, str]], machines: Sequence[dict[str, st
             ),
             "",
         ]  # fmt: skip
+    if by_length:
+        models = list(dict.fromkeys(r["model"] for r in by_length))
+        buckets = list(dict.fromkeys((r["words_min"], r["words_max"], r["sentences"]) for r in by_length))
+        bleu = {(r["model"], r["words_min"]): r["bleu"] for r in by_length}
+        lines += [
+            "## BLEU by source length",
+            "",
+            "Does one fixed context vector lose long sentences? test_2016_flickr split by the number "
+            "of words of each English source, each part scored like the whole (`results/bleu_by_length.csv`, "
+            "written by `scripts/bleu_by_length.py`; "
+            + "; ".join(sorted({r["note"] for r in by_length if r["note"]}))
+            + ").",
+            "",
+            *_table(
+                ["source words", "sentences", *(MODEL_NAMES.get(m, m) for m in models)],
+                [
+                    [f"{lo}–{hi}" if hi else f"{lo}+", n, *(bleu.get((m, lo), "") for m in models)]
+                    for lo, hi, n in buckets
+                ],
+            ),
+            "",
+        ]
     earlier = _earlier_rows(runs)
     if earlier:
         lines += [
@@ -421,15 +450,18 @@ def split_ablation(recipe: str) -> tuple[str, str]:
 
 
 def ablation_baseline(runs: Sequence[dict[str, str]], r: dict[str, str]) -> dict[str, str] | None:
-    """The newest default-profile run of the ablation ``r``'s base recipe, model, corpus,
-    direction, machine and thread count (with a test score), or None."""
+    """The newest default-profile run of the ablation ``r``'s base recipe, model (for a model of
+    its own, :data:`ABLATED`'s), corpus, direction, machine and thread count (with a test
+    score), or None."""
     recipe = split_ablation(r["recipe"])[0]
+    model = ABLATED.get(r["model"], r["model"])
     same = [
         b
         for b in runs
         if b["profile"] == "default"
         and b["recipe"] == recipe
-        and all(b[c] == r[c] for c in ("model", "corpus", "src_lang", "tgt_lang", "machine", "threads"))
+        and b["model"] == model
+        and all(b[c] == r[c] for c in ("corpus", "src_lang", "tgt_lang", "machine", "threads"))
         and b.get("test_2016_flickr_bleu")
     ]
     return max(same, key=lambda b: b["date"]) if same else None  # the first of the newest date
@@ -679,6 +711,11 @@ def readme_with_section(text: str, section: str) -> str:
     return "\n".join([*lines[: start + 1], section, *lines[end:]])
 
 
+def _by_length(root: Path) -> list[dict[str, str]]:
+    path = root / BY_LENGTH_CSV
+    return read_csv(path)[1] if path.exists() else []
+
+
 def expected(root: Path) -> dict[Path, str]:
     """Each generated file (relative to ``root``) → the text it should have.
 
@@ -690,7 +727,7 @@ def expected(root: Path) -> dict[Path, str]:
     if found:
         raise ValueError("\n".join(found))
     docs = {
-        INDEX_MD: render_index(runs, machines),
+        INDEX_MD: render_index(runs, machines, _by_length(root)),
         RUNS_MD: render_runs(runs, machines),
         MACHINES_MD: render_machines(runs, machines),
     }
@@ -722,7 +759,7 @@ def write(root: Path) -> list[str]:
         run_columns, runs = read_csv(root / RUNS_CSV)
         _, machines = read_csv(root / MACHINES_CSV)
         want = {
-            INDEX_MD: render_index(runs, machines),
+            INDEX_MD: render_index(runs, machines, _by_length(root)),
             RUNS_MD: render_runs(runs, machines),
             MACHINES_MD: render_machines(runs, machines),
         }

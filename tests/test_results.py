@@ -204,6 +204,12 @@ def test_an_ablation_sits_beside_the_default_run_of_its_own_recipe_machine_and_t
     # the base recipe r1's default run on box-a, not the current recipe's
     assert "| Transformer | (default `r1`) | 49.39 |" in index
     assert "| Transformer | `model.net.norm_first=true` | 40.00 | -9.39 |" in index
+    # the attention-free model is set beside Bahdanau's default run
+    rows = [
+        _run("b1", "bahdanau", test_2016_flickr_bleu=28.23),
+        _run("s1", "seq2seq", test_2016_flickr_bleu=10.91, profile="ablation", recipe="r2+model=seq2seq"),
+    ]
+    assert rt.ablation_baseline(rows, rows[1]) is rows[0]
     # no default run on box-b at 4 threads: no Δ
     assert "| Transformer | `model.net.scaled=false` | 30.00 |  |  |  | box-b (4) |  |" in index
     machines = list(csv.DictReader(MACHINES_CSV.splitlines()))
@@ -330,3 +336,22 @@ def test_add_run_takes_mlflow_ids_and_the_recipe_from_its_options(tmp_path):
     new = _rows(root / "results" / "runs.csv")[-3:]
     assert [r["mlflow_run_id"] for r in new] == ["c" * 32, "d" * 32, ""]
     assert {r["recipe"] for r in new} == {"ad61121"} and {r["precision"] for r in new} == {""}
+
+
+def test_bleu_by_length_scores_each_bucket_as_sacrebleu_scores_its_sentences():
+    import sacrebleu
+
+    spec = importlib.util.spec_from_file_location("bleu_by_length", ROOT / "scripts" / "bleu_by_length.py")
+    assert spec and spec.loader
+    bl = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bl)
+    assert [bl.bucket_of(n) for n in (1, 8, 9, 12, 13, 16, 17, 40)] == [0, 0, 1, 1, 2, 2, 3, 3]
+    with pytest.raises(ValueError, match="outside the buckets"):
+        bl.bucket_of(0)
+    sources = ["a b", "a b c d e f g h i j", "one two three", "w " * 20]
+    references = ["un chat noir", "le chien court vite", "trois mots ici", "une longue phrase ici"]
+    hypotheses = ["un chat noir", "le chien court", "trois mots", "une phrase longue ici"]
+    got = bl.bleu_by_length(sources, references, hypotheses)
+    short = sacrebleu.corpus_bleu([hypotheses[0], hypotheses[2]], [[references[0], references[2]]]).score
+    assert got[0] == (0, 2, pytest.approx(short)) and [b for b, _, _ in got] == [0, 1, 3]
+    assert got[1][2] == pytest.approx(sacrebleu.corpus_bleu([hypotheses[1]], [[references[1]]]).score)

@@ -597,7 +597,7 @@ plt.show()
 #
 # ## 6. The same switches in a translation model
 #
-# attnlab's Bahdanau model (D2L 11.4 (Chinese edition 10.4)) has the same choice for its
+# attnlab's Bahdanau model (D2L 11.4 (zh 10.4)) has the same choice for its
 # decoder's attention over the encoder states: `model.net.attention=soft` (the default, D2L's
 # model), `hard_reinforce` (a sampled encoder state in training, trained by
 # `score_function_loss` with the log-likelihood of the sentence as the reward, Xu et al.'s

@@ -92,7 +92,7 @@ assert torch.allclose(per_query.sum(-1), torch.ones(2, 2))
 # - **additive attention** (D2L 11.3.4 (zh 10.3.2)) learns it with a one-hidden-layer MLP,
 #   $\mathbf w_v^\top \tanh(\mathbf W_q\mathbf q + \mathbf W_k\mathbf k)$; queries and keys
 #   may have different sizes;
-# - **scaled dot-product attention** (D2L 11.3.1 (zh 10.3.3) and 11.3.3 (zh 10.3.3)) needs no parameters,
+# - **scaled dot-product attention** (D2L 11.3.3 (zh 10.3.3)) needs no parameters,
 #   $\mathbf q^\top\mathbf k/\sqrt d$, but queries and keys must have the same size $d$.
 #
 # The additive score builds a hidden vector for every (query, key) pair, a

@@ -60,8 +60,8 @@ from omegaconf import OmegaConf
 from torch.nn import functional as F
 
 import attnlab
-from attnlab.vision.data import load_image_splits
 from attnlab.models import TransformerEncoderBlock
+from attnlab.vision.data import load_image_splits
 from attnlab.vision.vit import PatchEmbedding, SmallCNN, VisionTransformer, build_image_net
 
 START = time.perf_counter()
@@ -91,7 +91,7 @@ train_x, train_y = splits["train"]
 test_x, test_y = splits["test"]
 
 # %% [markdown]
-# A Transformer reads a sequence of vectors. D2L 11.8.1 makes an image one by cutting it into
+# A Transformer reads a sequence of vectors. D2L 11.8.1 (no zh section) makes an image one by cutting it into
 # $p \times p$ patches, left to right and top to bottom, and mapping each patch linearly to a
 # vector of size `d_model`. attnlab's `PatchEmbedding` does both at once with a convolution
 # whose kernel and stride are $p$. With the config's $p = 2$ an 8×8 digit has
@@ -184,14 +184,14 @@ for p in (1, 2, 4, 8):
 # %% [markdown]
 # ## 2. From patches to a class: the model
 #
-# D2L 11.8.3 and the paper (eq. 1–4) put the pieces together:
+# D2L 11.8.3 (no zh section) and the paper (eq. 1–4) put the pieces together:
 #
 # 1. the patch embeddings, $N = (8/p)^2$ vectors of size $d$ = `d_model`;
 # 2. a learned **class token** (`cls_token`, one vector of size $d$) in front, at position 0;
 # 3. learned **positions** (`pos_embedding`, one vector per position, $N + 1$ of them) added
-#    to every position: attention alone does not know where a patch was (D2L 11.6);
+#    to every position: attention alone does not know where a patch was (D2L 11.6 (zh 10.6));
 # 4. `num_layers` of attnlab's `TransformerEncoderBlock`, the same class the translation
-#    Transformer uses (D2L 11.7);
+#    Transformer uses (D2L 11.7 (zh 10.7));
 # 5. a linear classifier `head` on the class token's final state.
 #
 # Here is the ViT of `conf/model/vit.yaml` for the digits:
@@ -423,8 +423,8 @@ assert gap > -2 * se_diff, (test_acc, se_diff)
 # of comparable size, and it overtakes them only when pre-trained on 14 to 300 million images
 # (ImageNet-21k, JFT-300M): "large scale training trumps inductive bias". That data-size
 # claim is the paper's, not something this page measures: we train on one small data set only.
-# Note, too, that attnlab's encoder blocks are D2L 11.7's post-norm blocks with a ReLU FFN,
-# where D2L 11.8.2 and the paper use pre-norm blocks with a GELU MLP.
+# Note, too, that attnlab's encoder blocks are D2L 11.7 (zh 10.7)'s post-norm blocks with a ReLU FFN,
+# where D2L 11.8.2 (no zh section) and the paper use pre-norm blocks with a GELU MLP.
 #
 # ## 4. Where the class token looks
 #

@@ -54,8 +54,8 @@ from omegaconf import OmegaConf
 from torch.nn import functional as F
 
 import attnlab
-from attnlab.vision.data import load_image_splits
 from attnlab.models import TransformerEncoderBlock
+from attnlab.vision.data import load_image_splits
 from attnlab.vision.vit import PatchEmbedding, SmallCNN, VisionTransformer, build_image_net
 
 START = time.perf_counter()
@@ -85,8 +85,9 @@ train_x, train_y = splits["train"]
 test_x, test_y = splits["test"]
 
 # %% [markdown]
-# Transformer 读取的是向量序列。D2L 11.8.1 把图像变成序列的办法是：把它切成 $p \times p$ 的图块，从
-# 左到右、从上到下排列，再把每个图块线性映射为长度为 `d_model` 的向量。attnlab 的 `PatchEmbedding`
+# Transformer 读取的是向量序列。D2L 11.8.1 (no zh section) 把图像变成序列的办法是：
+# 把它切成 $p \times p$ 的图块，从左到右、从上到下排列，再把每个图块线性映射为长度为 `d_model` 的向量。
+# attnlab 的 `PatchEmbedding`
 # 用一个卷积核大小和步幅都为 $p$ 的卷积一次完成这两步。按配置的 $p = 2$，一张 8×8 的数字有
 # $(8/2)^2 = 16$ 个图块：
 
@@ -174,12 +175,12 @@ for p in (1, 2, 4, 8):
 # %% [markdown]
 # ## 2. 从图块到类别：模型
 #
-# D2L 11.8.3 和论文（式 1–4）把这些部件组合起来：
+# D2L 11.8.3 (no zh section) 和论文（式 1–4）把这些部件组合起来：
 #
 # 1. 图块嵌入，$N = (8/p)^2$ 个长度为 $d$ = `d_model` 的向量；
 # 2. 一个可学习的**类别词元**（`cls_token`，一个长度为 $d$ 的向量）放在最前面，即位置 0；
 # 3. 可学习的**位置嵌入**（`pos_embedding`，每个位置一个向量，共 $N + 1$ 个）加到每个位置上：注意力
-#    本身不知道图块原来在哪里（D2L 11.6，中文版 10.6）；
+#    本身不知道图块原来在哪里（D2L 11.6 (zh 10.6)，中文版 10.6）；
 # 4. `num_layers` 个 attnlab 的 `TransformerEncoderBlock`，与翻译用的 Transformer 是同一个类（D2L
 #    11.7，中文版 10.7）；
 # 5. 对类别词元的最终状态做分类的线性层 `head`。
@@ -405,8 +406,8 @@ assert gap > -2 * se_diff, (test_acc, se_diff)
 # 加强正则化时，ViT 比规模相当的 ResNet 低几个百分点；只有在 1,400 万到 3 亿张图像
 # （ImageNet-21k、JFT-300M）上预训练后，它才超过 ResNet，即“大规模训练胜过归纳偏置”（"large scale
 # training trumps inductive bias"）。这个关于数据规模的结论是论文的，本页并没有测量它：我们只在一个
-# 小数据集上训练。还要注意，attnlab 的编码器块是 D2L 11.7（中文版 10.7）的后规范化（post-norm）块，
-# 前馈网络用 ReLU；而 D2L 11.8.2 和论文用的是前规范化（pre-norm）块和 GELU 的 MLP。
+# 小数据集上训练。还要注意，attnlab 的编码器块是 D2L 11.7 (zh 10.7)（中文版 10.7）的后规范化（post-norm）块，
+# 前馈网络用 ReLU；而 D2L 11.8.2 (no zh section) 和论文用的是前规范化（pre-norm）块和 GELU 的 MLP。
 #
 # ## 4. 类别词元在看哪里
 #
