@@ -464,7 +464,7 @@ def ablation_baseline(runs: Sequence[dict[str, str]], r: dict[str, str]) -> dict
         and all(b[c] == r[c] for c in ("corpus", "src_lang", "tgt_lang", "machine", "threads"))
         and b.get("test_2016_flickr_bleu")
     ]
-    return max(same, key=lambda b: b["date"]) if same else None  # the first of the newest date
+    return max(reversed(same), key=lambda b: b["date"]) if same else None  # newest date, last row
 
 
 def _ablation_rows(runs: Sequence[dict[str, str]]) -> list[list[str]]:
