@@ -102,3 +102,15 @@ def pytest_collection_modifyitems(config, items):
         return LONGEST_FIRST.index(name) if name in LONGEST_FIRST else len(LONGEST_FIRST)
 
     items.sort(key=rank)  # stable: each file keeps its own order
+
+
+@pytest.fixture(scope="session")
+def tiny_spm(tmp_path_factory):
+    """The path of a sentencepiece model (120 pieces) of the tiny corpus's sentences
+    (:func:`helpers.corpus_fixture.sentences`), trained once per test process."""
+    from attnlab.data.tokenizer import train_sentencepiece
+    from helpers.corpus_fixture import sentences
+
+    d = tmp_path_factory.mktemp("spm")
+    train_sentencepiece([s for e, f, _ in sentences() for s in (e, f)], d / "spm", vocab_size=120)
+    return d / "spm.model"

@@ -20,7 +20,7 @@ import pytest
 import torch
 from omegaconf import OmegaConf
 
-from attnlab.data.tokenizer import BOS_ID, PAD_ID, load_sentencepiece, train_sentencepiece
+from attnlab.data.tokenizer import BOS_ID, PAD_ID, load_sentencepiece
 from attnlab.export import ctranslate2 as ct2
 from attnlab.export.trace import export_translation
 from attnlab.inference.decoding import greedy_decode, translate
@@ -310,13 +310,6 @@ def test_a_bad_switch_is_refused_naming_it_and_the_choices(switches, message):
 
 
 # --- export: every switch decodes the same as the checkpoint; CTranslate2 refuses ---------------
-
-
-@pytest.fixture(scope="module")
-def tiny_spm(tmp_path_factory):
-    d = tmp_path_factory.mktemp("spm")
-    train_sentencepiece([s for e, f, _ in sentences() for s in (e, f)], d / "spm", vocab_size=120)
-    return d / "spm.model"
 
 
 @pytest.mark.parametrize("switches", SWITCHED, ids=IDS)

@@ -122,6 +122,18 @@ def random_transformer(sp, kind: str) -> Transformer:
     return net.eval()
 
 
+def assert_same_teacher_forced_scores(tr, net, sp, pairs):
+    """CTranslate2's and attnlab's log-probabilities of each reference target, to 1e-4."""
+    for en, fr in pairs:
+        src_ids, tgt_ids = sp.encode(en), sp.encode(fr)
+        torch.testing.assert_close(
+            ct2_log_probs(tr, src_ids, tgt_ids),
+            teacher_forced_log_probs(net, src_ids, tgt_ids),
+            atol=1e-4,
+            rtol=0,
+        )
+
+
 def attnlab_greedy(net, sp, sentences):
     return translate(net.init_state, net.step, sp, sentences, beam_size=1)
 
@@ -231,14 +243,7 @@ def test_random_float32_greedy_equals_attnlab(sp, spm_path, tmp_path, kind):
         f"{len(ALL) - n_alone}/{len(ALL)} alone (differences only at near ties)"
     )
     # The whole network, teacher-forced on the reference French: same log-probabilities.
-    for en, fr in PAIRS[:8]:
-        src_ids, tgt_ids = sp.encode(en), sp.encode(fr)
-        torch.testing.assert_close(
-            ct2_log_probs(tr, src_ids, tgt_ids),
-            teacher_forced_log_probs(net, src_ids, tgt_ids),
-            atol=1e-4,
-            rtol=0,
-        )
+    assert_same_teacher_forced_scores(tr, net, sp, PAIRS[:8])
     src, valid = sp.encode_sources(SOURCES)
     raw = greedy_decode(net.init_state, net.step, src, valid, max_output_len(valid))
     hit_cap = int(((raw == EOS_ID).sum(1) == 0).sum())
@@ -267,14 +272,7 @@ def test_each_transformer_switch_exports_with_the_same_scores(sp, spm_path, tmp_
     torch.manual_seed(1)
     net = Transformer(sp.get_piece_size(), 64, 4, 2, 128, 0.0, **switches).eval()
     tr = CTranslate2Translator(export_ctranslate2(net, spm_path, tmp_path / "m"), sp, intra_threads=1)
-    for en, fr in PAIRS[:8]:
-        src_ids, tgt_ids = sp.encode(en), sp.encode(fr)
-        torch.testing.assert_close(
-            ct2_log_probs(tr, src_ids, tgt_ids),
-            teacher_forced_log_probs(net, src_ids, tgt_ids),
-            atol=1e-4,
-            rtol=0,
-        )
+    assert_same_teacher_forced_scores(tr, net, sp, PAIRS[:8])
 
 
 def test_head_mask_is_folded_into_the_output_projection(sp, spm_path, tmp_path):
@@ -286,14 +284,7 @@ def test_head_mask_is_folded_into_the_output_projection(sp, spm_path, tmp_path):
         }
     )
     tr = CTranslate2Translator(export_ctranslate2(net, spm_path, tmp_path / "m"), sp, intra_threads=1)
-    for en, fr in PAIRS[:4]:
-        src_ids, tgt_ids = sp.encode(en), sp.encode(fr)
-        torch.testing.assert_close(
-            ct2_log_probs(tr, src_ids, tgt_ids),
-            teacher_forced_log_probs(net, src_ids, tgt_ids),
-            atol=1e-4,
-            rtol=0,
-        )
+    assert_same_teacher_forced_scores(tr, net, sp, PAIRS[:4])
     n = assert_equal_or_near_tie(
         net, sp, SOURCES, attnlab_greedy(net, sp, SOURCES), tr.translate(SOURCES), "head-masked"
     )

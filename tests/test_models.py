@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from attnlab.data.synthetic import synthetic_regression, true_function
-from attnlab.data.tokenizer import BOS_ID, EOS_ID, PAD_ID, train_sentencepiece
+from attnlab.data.tokenizer import BOS_ID, EOS_ID, PAD_ID
 from attnlab.export.program import can_compile
 from attnlab.export.trace import export_translation
 from attnlab.inference.decoding import greedy_decode, translate
@@ -130,14 +130,6 @@ def test_greedy_pads_after_eos():
         f.init_state, f.step, torch.zeros(2, 3, dtype=torch.long), torch.tensor([3, 3]), max_len=4
     )
     assert ys.tolist() == [[5, EOS_ID, PAD_ID, PAD_ID], [6, 6, 6, 6]]
-
-
-@pytest.fixture(scope="module")
-def tiny_spm(tmp_path_factory):
-    text = [s for e, f, _ in sentences() for s in (e, f)]
-    d = tmp_path_factory.mktemp("spm")
-    train_sentencepiece(text, d / "spm", vocab_size=120)
-    return d / "spm.model"
 
 
 @pytest.mark.parametrize("kind", ["transformer", "bahdanau"])

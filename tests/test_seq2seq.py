@@ -10,7 +10,7 @@ import pytest
 import torch
 from torch import nn
 
-from attnlab.data.tokenizer import BOS_ID, PAD_ID, load_sentencepiece, train_sentencepiece
+from attnlab.data.tokenizer import BOS_ID, PAD_ID, load_sentencepiece
 from attnlab.export.trace import export_translation
 from attnlab.inference.decoding import greedy_decode, translate
 from attnlab.models.bahdanau import Bahdanau
@@ -145,14 +145,6 @@ def test_the_constructor_defaults_are_the_config_and_bahdanau_sizes(monkeypatch)
     defaults = {k: p.default for k, p in inspect.signature(Seq2Seq).parameters.items() if k in sizes}
     assert defaults == sizes
     assert cfg.model.task == bahdanau.model.task
-
-
-@pytest.fixture(scope="module")
-def tiny_spm(tmp_path_factory):
-    text = [s for e, f, _ in sentences() for s in (e, f)]
-    d = tmp_path_factory.mktemp("spm")
-    train_sentencepiece(text, d / "spm", vocab_size=120)
-    return d / "spm.model"
 
 
 def test_the_export_decodes_the_same_tokens_and_has_no_attention_function(tiny_spm, tmp_path):
