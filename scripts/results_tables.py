@@ -34,6 +34,19 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 RUNS_CSV = Path("results/runs.csv")
 BY_LENGTH_CSV = Path("results/bleu_by_length.csv")  # scripts/bleu_by_length.py; optional
+# Per-epoch curves of the ablation runs and their baselines (one row per run and epoch); optional.
+# docs/gen_results_figures.py draws them at build time.
+HISTORY_CSV = Path("results/ablation_history.csv")
+HISTORY_COLUMNS = [
+    "run", "mlflow_run_id", "model", "epoch", "train_loss", "val_loss", "val_bleu", "entropy_encoder_self",
+    "entropy_decoder_self", "entropy_encoder_decoder", "entropy_alignment", "reinforce_grad_var", "source",
+]  # fmt: skip
+# Image classifiers (model=vit|cnn, attnlab.vision): one row per training run and seed; optional
+IMAGES_CSV = Path("results/image_runs.csv")
+IMAGE_COLUMNS = [
+    "run", "commit", "date", "data", "model", "params", "epochs", "seed", "test_accuracy", "test_errors",
+    "test_images", "machine", "threads", "concurrent", "minutes_train", "mlflow_run_id", "source",
+]  # fmt: skip
 MACHINES_CSV = Path("results/machines.csv")
 README = Path("README.md")
 INDEX_MD = Path("docs/results/index.md")
@@ -334,10 +347,78 @@ RANGE_NOTE = (
 )
 
 
+KIND_NAMES = {
+    "entropy_encoder_self": "encoder self",
+    "entropy_decoder_self": "decoder self",
+    "entropy_encoder_decoder": "encoder–decoder",
+    "entropy_alignment": "alignment",
+}
+
+
+def switch_name(r: dict[str, str]) -> str:
+    """The switch of an ablation row of runs.csv, or "(default `<recipe>`)" for the run beside them."""
+    return f"`{split_ablation(r['recipe'])[1]}`" if r["profile"] == ABLATION else f"(default `{r['recipe']}`)"
+
+
+def first_epoch_rows(runs: Sequence[dict[str, str]], history: Sequence[dict[str, str]]) -> list[list[str]]:
+    """Per run of ``history`` (in its order): its model, switch, epoch-1 val BLEU and mean attention
+    entropy per kind, and the val loss of every epoch."""
+    by_id = {r["mlflow_run_id"]: r for r in runs if r["mlflow_run_id"]}
+    ids = list(dict.fromkeys(h["mlflow_run_id"] for h in history))
+    # the Transformer's runs, then Bahdanau's with the seq2seq model; each model's default first
+    family = {"transformer": 0, "bahdanau": 1, "seq2seq": 1}
+    ids.sort(key=lambda i: (family.get(by_id[i]["model"], 2), by_id[i]["profile"] == ABLATION))
+    out = []
+    for run_id in ids:
+        epochs = sorted((h for h in history if h["mlflow_run_id"] == run_id), key=lambda h: int(h["epoch"]))
+        first, r = epochs[0], by_id[run_id]
+        entropies = [
+            f"{KIND_NAMES[k]} {float(first[k]):.2f}"
+            for k in (
+                "entropy_encoder_self",
+                "entropy_decoder_self",
+                "entropy_encoder_decoder",
+                "entropy_alignment",
+            )
+            if first[k]
+        ]
+        out.append(
+            [MODEL_NAMES.get(first["model"], first["model"]), switch_name(r), first["val_bleu"],
+             "; ".join(entropies) or "(no attention)", " ".join(h["val_loss"] for h in epochs)]
+        )  # fmt: skip
+    return out
+
+
+def image_summary(images: Sequence[dict[str, str]]) -> list[list[str]]:
+    """One row per (data, model, epochs, commit, machine, threads) of ``results/image_runs.csv``:
+    the mean test accuracy over its seeds ± their sample standard deviation (n − 1), the seeds'
+    accuracies, the parameters."""
+    groups: dict[tuple[str, ...], list[dict[str, str]]] = {}
+    for r in images:
+        key = (r["data"], r["model"], r["epochs"], r["commit"], r["machine"], r["threads"])
+        groups.setdefault(key, []).append(r)
+    out = []
+    for (data, model, epochs, commit, machine, threads), rows in groups.items():
+        acc = [float(r["test_accuracy"]) for r in rows]
+        mean = sum(acc) / len(acc)
+        if len(acc) > 1:
+            sd = (sum((a - mean) ** 2 for a in acc) / (len(acc) - 1)) ** 0.5
+            spread = f"{mean:.4f} ± {sd:.4f}"
+        else:
+            spread = f"{mean:.4f}"
+        out.append(
+            [data, model, rows[0]["params"], epochs, str(len(rows)), spread,
+             " ".join(f"{a:.4f}" for a in acc), f"`{commit}`", f"{machine} ({threads})"]
+        )  # fmt: skip
+    return out
+
+
 def render_index(
     runs: Sequence[dict[str, str]],
     machines: Sequence[dict[str, str]],
     by_length: Sequence[dict[str, str]] = (),
+    images: Sequence[dict[str, str]] = (),
+    history: Sequence[dict[str, str]] = (),
 ) -> str:
     lines = [
         GENERATED,
@@ -378,7 +459,8 @@ def render_index(
             "",
             "The default recipe with one switch changed ([how to run them](../how-to/ablations.md)), "
             "beside the default run of the same model on the same machine and thread count (Δ: "
-            "the switch's test_2016_flickr BLEU minus the default's). One seed each.",
+            "the switch's test_2016_flickr BLEU minus the default's). One seed each (0), unless "
+            "the switch names another.",
             "",
             *_table(
                 ["model", "switch", "test_2016_flickr BLEU", "Δ", "test_2017_flickr BLEU",
@@ -387,6 +469,28 @@ def render_index(
             ),
             "",
         ]  # fmt: skip
+    if history:
+        lines += [
+            "### After the first epoch",
+            "",
+            "What each switch does to training, epoch by epoch (`results/ablation_history.csv`, from "
+            "each run's `plots/<model>/history.csv`): greedy val BLEU and the mean entropy of the "
+            "attention rows after the first epoch (nats, averaged over layers and heads, first 64 val "
+            "pairs; lower is nearer one-hot), and the val loss after each epoch. The figures draw the "
+            "same curves.",
+            "",
+            *_table(
+                ["model", "switch", "val BLEU, epoch 1", "attention entropy, epoch 1", "val loss by epoch"],
+                first_epoch_rows(runs, history),
+            ),
+            "",
+            "![Validation loss and encoder self-attention entropy per epoch, Transformer switches]"
+            "(ablation_curves_transformer.png)",
+            "",
+            "![Validation loss and alignment entropy per epoch, Bahdanau switches and the seq2seq model]"
+            "(ablation_curves_bahdanau.png)",
+            "",
+        ]
     if by_length:
         models = list(dict.fromkeys(r["model"] for r in by_length))
         buckets = list(dict.fromkeys((r["words_min"], r["words_max"], r["sentences"]) for r in by_length))
@@ -409,6 +513,23 @@ def render_index(
             ),
             "",
         ]
+    if images:
+        lines += [
+            "## Images: a Vision Transformer against a CNN",
+            "",
+            "Does reading an image as a sequence of patches work? `model=vit` and `model=cnn` "
+            "(about the same number of parameters), trained the same way by `src/train.py` and "
+            "scored by `src/evaluate.py` on the test split, once per seed "
+            "(`results/image_runs.csv`). Test accuracy: the mean over the seeds ± their "
+            "standard deviation.",
+            "",
+            *_table(
+                ["data", "model", "parameters", "epochs", "seeds", "test accuracy", "each seed",
+                 "commit", "machine (threads)"],
+                image_summary(images),
+            ),
+            "",
+        ]  # fmt: skip
     earlier = _earlier_rows(runs)
     if earlier:
         lines += [
@@ -716,6 +837,45 @@ def _by_length(root: Path) -> list[dict[str, str]]:
     return read_csv(path)[1] if path.exists() else []
 
 
+def _history(root: Path) -> list[dict[str, str]]:
+    """The rows of results/ablation_history.csv ([] without it).
+
+    Raises:
+        ValueError: its columns are not :data:`HISTORY_COLUMNS`, or a run id that runs.csv lacks.
+    """
+    path = root / HISTORY_CSV
+    if not path.exists():
+        return []
+    columns, rows = read_csv(path)
+    if columns != HISTORY_COLUMNS:
+        raise ValueError(f"{HISTORY_CSV}: columns {columns}, expected {HISTORY_COLUMNS}")
+    known = {r["mlflow_run_id"] for r in read_csv(root / RUNS_CSV)[1]}
+    for i, r in enumerate(rows, 2):
+        if r["mlflow_run_id"] not in known:
+            raise ValueError(f"{HISTORY_CSV}:{i}: run {r['mlflow_run_id']} is not in {RUNS_CSV}")
+    return rows
+
+
+def _images(root: Path) -> list[dict[str, str]]:
+    """The rows of results/image_runs.csv ([] without it).
+
+    Raises:
+        ValueError: its columns are not :data:`IMAGE_COLUMNS`, or a row's accuracy is no number.
+    """
+    path = root / IMAGES_CSV
+    if not path.exists():
+        return []
+    columns, rows = read_csv(path)
+    if columns != IMAGE_COLUMNS:
+        raise ValueError(f"{IMAGES_CSV}: columns {columns}, expected {IMAGE_COLUMNS}")
+    for i, r in enumerate(rows, 2):
+        try:
+            float(r["test_accuracy"])
+        except ValueError:
+            raise ValueError(f"{IMAGES_CSV}:{i}: test_accuracy {r['test_accuracy']!r} is no number") from None
+    return rows
+
+
 def expected(root: Path) -> dict[Path, str]:
     """Each generated file (relative to ``root``) → the text it should have.
 
@@ -727,7 +887,7 @@ def expected(root: Path) -> dict[Path, str]:
     if found:
         raise ValueError("\n".join(found))
     docs = {
-        INDEX_MD: render_index(runs, machines, _by_length(root)),
+        INDEX_MD: render_index(runs, machines, _by_length(root), _images(root), _history(root)),
         RUNS_MD: render_runs(runs, machines),
         MACHINES_MD: render_machines(runs, machines),
     }
@@ -759,7 +919,7 @@ def write(root: Path) -> list[str]:
         run_columns, runs = read_csv(root / RUNS_CSV)
         _, machines = read_csv(root / MACHINES_CSV)
         want = {
-            INDEX_MD: render_index(runs, machines, _by_length(root)),
+            INDEX_MD: render_index(runs, machines, _by_length(root), _images(root), _history(root)),
             RUNS_MD: render_runs(runs, machines),
             MACHINES_MD: render_machines(runs, machines),
         }

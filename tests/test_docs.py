@@ -163,13 +163,15 @@ def _test_exists(file: str, name: str) -> bool:
 # --- the site -------------------------------------------------------------------------------
 
 
-def test_the_site_builds_strictly_with_every_page_in_the_nav(tmp_path):
-    # the tutorial notebooks run in fast mode (tests/test_tutorials.py runs them too)
+def test_the_site_builds_strictly_with_every_page_in_the_nav(tmp_path, mirror_dir):
+    # the tutorial notebooks run in fast mode (tests/test_tutorials.py runs them too); the two
+    # that read a trained model train it from the corpus mirror (once: attnlab.analysis.trained)
     env = {
         **os.environ,
         "NO_MKDOCS_2_WARNING": "1",
         "DISABLE_MKDOCS_2_WARNING": "true",
         "ATTNLAB_TUTORIAL_FAST": "1",
+        "ATTNLAB_DATA_MIRROR": str(mirror_dir),
     }
     site = tmp_path / "site"
     out = subprocess.run(
@@ -178,7 +180,7 @@ def test_the_site_builds_strictly_with_every_page_in_the_nav(tmp_path):
         env=env,
         capture_output=True,
         text=True,
-        timeout=600,
+        timeout=1500,
     )
     assert out.returncode == 0, out.stdout[-4000:] + out.stderr[-6000:]
     config = (site / "reference" / "config" / "index.html").read_text(encoding="utf-8")
@@ -197,9 +199,26 @@ def test_the_site_builds_strictly_with_every_page_in_the_nav(tmp_path):
         "Transformer",
     ):
         assert name in api, f"{name} is missing from the API reference"
-    for page in ("scoring", "scoring.zh"):  # executed: the page shows its outputs
+    for page in ("scoring", "scoring.zh", "multi-head", "multi-head.zh"):  # executed: it shows its outputs
         html = (site / "tutorials" / page / "index.html").read_text(encoding="utf-8")
         assert "this page ran in" in html and "data:image/png" in html, f"tutorials/{page} has no outputs"
+    for page, lang in (
+        ("index.zh", "zh"),
+        ("reference/glossary.zh", "zh"),
+        ("tutorials/scoring.zh", "zh"),
+        ("tutorials/scoring", "en"),
+        ("index.html", "en"),
+    ):  # docs/lang_hook.py
+        path = site / page if page.endswith(".html") else site / page / "index.html"
+        assert f'<html lang="{lang}"' in path.read_text(encoding="utf-8"), f"{page} is not marked lang={lang}"
+    results = (site / "results" / "index.html").read_text(encoding="utf-8")
+    for figure in ("ablation_curves_transformer.png", "ablation_curves_bahdanau.png"):  # docs/gen_results_*
+        assert figure in results and (site / "results" / figure).read_bytes().startswith(b"\x89PNG"), figure
+    for page in ("multi-head", "multi-head.zh"):  # the attention explorer, embedded with its data
+        html = (site / "tutorials" / page / "index.html").read_text(encoding="utf-8")
+        assert "<iframe srcdoc=" in html and "attnlab-explorer-data" in html, (
+            f"tutorials/{page} has no explorer"
+        )
 
 
 def test_the_config_reference_reads_keys_defaults_and_comments(tmp_path):

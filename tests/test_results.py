@@ -355,3 +355,124 @@ def test_bleu_by_length_scores_each_bucket_as_sacrebleu_scores_its_sentences():
     short = sacrebleu.corpus_bleu([hypotheses[0], hypotheses[2]], [[references[0], references[2]]]).score
     assert got[0] == (0, 2, pytest.approx(short)) and [b for b, _, _ in got] == [0, 1, 3]
     assert got[1][2] == pytest.approx(sacrebleu.corpus_bleu([hypotheses[1]], [[references[1]]]).score)
+
+
+def test_image_runs_are_summarised_per_model_as_mean_and_sample_sd_over_seeds():
+    row = dict.fromkeys(rt.IMAGE_COLUMNS, "")
+    base = {**row, "data": "digits", "epochs": "10", "commit": "abc1234", "machine": "m", "threads": "1"}
+    images = [
+        {**base, "model": "vit", "params": "68K", "seed": "0", "test_accuracy": "0.70"},
+        {**base, "model": "vit", "params": "68K", "seed": "1", "test_accuracy": "0.80"},
+        {**base, "model": "vit", "params": "68K", "seed": "2", "test_accuracy": "0.90"},
+        {**base, "model": "cnn", "params": "70K", "seed": "0", "test_accuracy": "0.95"},
+    ]
+    vit, cnn = rt.image_summary(images)
+    # mean 0.8; sample sd sqrt((0.01 + 0 + 0.01) / 2) = 0.1
+    assert vit == [
+        "digits",
+        "vit",
+        "68K",
+        "10",
+        "3",
+        "0.8000 ± 0.1000",
+        "0.7000 0.8000 0.9000",
+        "`abc1234`",
+        "m (1)",
+    ]
+    assert cnn[4:7] == ["1", "0.9500", "0.9500"]  # one seed: no spread
+    page = rt.render_index(RUNS, MACHINES, images=images)
+    assert "## Images: a Vision Transformer against a CNN" in page and "0.8000 ± 0.1000" in page
+
+
+def test_a_malformed_image_runs_csv_stops_the_generator(tmp_path):
+    (tmp_path / "results").mkdir()
+    path = tmp_path / rt.IMAGES_CSV
+    rt.write_csv(path, rt.IMAGE_COLUMNS, [{**dict.fromkeys(rt.IMAGE_COLUMNS, ""), "test_accuracy": "high"}])
+    with pytest.raises(ValueError, match=r"image_runs.csv:2: test_accuracy 'high' is no number"):
+        rt._images(tmp_path)
+    rt.write_csv(path, ["run", "accuracy"], [])
+    with pytest.raises(ValueError, match="columns"):
+        rt._images(tmp_path)
+
+
+def test_the_first_epoch_table_reads_each_runs_history_defaults_first():
+    run = dict.fromkeys(rt.RUN_COLUMNS, "")
+    runs = [
+        {
+            **run,
+            "mlflow_run_id": "a" * 32,
+            "profile": "ablation",
+            "recipe": "r+model.net.scaled=false",
+            "model": "transformer",
+        },
+        {**run, "mlflow_run_id": "b" * 32, "profile": "default", "recipe": "r", "model": "transformer"},
+        {
+            **run,
+            "mlflow_run_id": "c" * 32,
+            "profile": "ablation",
+            "recipe": "r+model=seq2seq",
+            "model": "seq2seq",
+        },
+    ]
+    h = dict.fromkeys(rt.HISTORY_COLUMNS, "")
+    history = [  # epochs out of order on purpose
+        {
+            **h,
+            "mlflow_run_id": "a" * 32,
+            "model": "transformer",
+            "epoch": "2",
+            "val_loss": "2.5",
+            "val_bleu": "20.00",
+        },
+        {
+            **h,
+            "mlflow_run_id": "a" * 32,
+            "model": "transformer",
+            "epoch": "1",
+            "val_loss": "3.2",
+            "val_bleu": "13.00",
+            "entropy_encoder_self": "0.0912",
+            "entropy_encoder_decoder": "0.19",
+        },
+        {
+            **h,
+            "mlflow_run_id": "c" * 32,
+            "model": "seq2seq",
+            "epoch": "1",
+            "val_loss": "3.3",
+            "val_bleu": "7.62",
+        },
+        {
+            **h,
+            "mlflow_run_id": "b" * 32,
+            "model": "transformer",
+            "epoch": "1",
+            "val_loss": "2.6",
+            "val_bleu": "25.03",
+            "entropy_encoder_self": "1.99",
+        },
+    ]
+    assert rt.first_epoch_rows(runs, history) == [
+        ["Transformer", "(default `r`)", "25.03", "encoder self 1.99", "2.6"],
+        [
+            "Transformer",
+            "`model.net.scaled=false`",
+            "13.00",
+            "encoder self 0.09; encoder–decoder 0.19",
+            "3.2 2.5",
+        ],
+        ["seq2seq (no attention)", "`model=seq2seq`", "7.62", "(no attention)", "3.3"],
+    ]
+
+
+def test_every_run_of_the_history_is_a_run_of_runs_csv(tmp_path):
+    assert rt._history(ROOT), "results/ablation_history.csv is empty"
+    (tmp_path / "results").mkdir()
+    shutil.copy(ROOT / rt.RUNS_CSV, tmp_path / rt.RUNS_CSV)
+    rt.write_csv(
+        tmp_path / rt.HISTORY_CSV,
+        rt.HISTORY_COLUMNS,
+        [{**dict.fromkeys(rt.HISTORY_COLUMNS, ""), "mlflow_run_id": "f" * 32}],
+    )
+    with pytest.raises(ValueError, match=r"ablation_history.csv:2: run f{32} is not in results/runs.csv"):
+        rt._history(tmp_path)

@@ -47,18 +47,32 @@ def test_there_are_notebooks():
     assert _id(TUTORIALS / "scoring.py") in {_id(p) for p in ENGLISH}
 
 
+def needs_corpus(notebook: Path) -> bool:
+    """The page reads a trained translation model (attnlab.analysis.trained): in fast mode it
+    trains one with the pipeline, on the real corpus."""
+    return "trained_model(" in notebook.read_text(encoding="utf-8")
+
+
+def test_the_pages_that_read_a_trained_model_are_known():
+    assert {p.name for p in ENGLISH if needs_corpus(p)} == {"bahdanau.py", "multi-head.py"}
+
+
 # The English pages only: a Chinese page's code is the English page's, cell for cell (tested
 # below), and the site build (tests/test_docs.py) executes both.
 @pytest.mark.parametrize("notebook", ENGLISH, ids=_id)
-def test_every_tutorial_runs_in_fast_mode_and_asserts_its_claims(notebook, tmp_path):
+def test_every_tutorial_runs_in_fast_mode_and_asserts_its_claims(notebook, tmp_path, request):
     env = {**os.environ, "ATTNLAB_TUTORIAL_FAST": "1", "MPLBACKEND": "Agg"}
+    if needs_corpus(notebook):  # its short training run downloads from the mirror
+        env["ATTNLAB_DATA_MIRROR"] = str(request.getfixturevalue("mirror_dir"))
     out = subprocess.run(
         [sys.executable, str(notebook)],
         cwd=tmp_path,  # a page that wrote a file would write it here
         env=env,
         capture_output=True,
         text=True,
-        timeout=300,
+        # a page that trains its model (a minute or three, once: .cache/trained/) may also wait
+        # for the site build's run of it (tests/test_docs.py), which holds the same run's lock
+        timeout=1200,
     )
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-6000:]
     assert re.search(r"this page ran in [\d.]+ s \(fast mode\)", out.stdout), out.stdout[-2000:]

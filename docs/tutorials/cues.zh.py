@@ -47,6 +47,7 @@ import matplotlib.pyplot as plt
 import torch
 
 from attnlab.models import AdditiveAttention, DotProductAttention, MultiHeadAttention
+from attnlab.provenance import git_commit
 
 START = time.perf_counter()
 FAST = os.environ.get("ATTNLAB_TUTORIAL_FAST") == "1"  # fewer points on one curve, same assertions
@@ -319,4 +320,4 @@ for name, (module, queries, keys, values, out_shape, weights_shape) in calls.ite
 
 # %%
 elapsed = time.perf_counter() - START
-print(f"this page ran in {elapsed:.1f} s ({'fast' if FAST else 'full'} mode)")
+print(f"this page ran in {elapsed:.1f} s ({'fast' if FAST else 'full'} mode), commit {git_commit()}")

@@ -67,6 +67,7 @@ from attnlab.models.hard_attention import (
     score_function_loss,
     straight_through_gumbel,
 )
+from attnlab.provenance import git_commit
 
 START = time.perf_counter()
 FAST = os.environ.get("ATTNLAB_TUTORIAL_FAST") == "1"  # fewer samples and seeds, same assertions
@@ -617,4 +618,4 @@ plt.show()
 
 # %%
 elapsed = time.perf_counter() - START
-print(f"this page ran in {elapsed:.1f} s ({'fast' if FAST else 'full'} mode)")
+print(f"this page ran in {elapsed:.1f} s ({'fast' if FAST else 'full'} mode), commit {git_commit()}")

@@ -55,6 +55,7 @@ from attnlab.analysis.viz import nw_figures
 from attnlab.data.synthetic import synthetic_regression, true_function
 from attnlab.models import NadarayaWatson
 from attnlab.models.nadaraya_watson import KERNELS, kernel, kernel_weights, leave_one_out
+from attnlab.provenance import git_commit
 
 # attnlab.analysis.viz writes PNG files and selects matplotlib's Agg backend when imported; in
 # Jupyter the next line (a comment when this page runs as a script) brings inline figures back
@@ -407,4 +408,4 @@ print(f"learned w: {min(learned_ws):.2f} to {max(learned_ws):.2f}")
 
 # %%
 elapsed = time.perf_counter() - START
-print(f"this page ran in {elapsed:.1f} s ({'fast' if FAST else 'full'} mode)")
+print(f"this page ran in {elapsed:.1f} s ({'fast' if FAST else 'full'} mode), commit {git_commit()}")

@@ -34,19 +34,24 @@
 # 或借助 [jupytext](https://jupytext.readthedocs.io/) 在 Jupyter 中打开。
 
 # %%
+import csv
 import math
 import os
 import time
+from pathlib import Path
 
 import matplotlib.pyplot as plt
 import torch
 from torch.utils import benchmark
 
+import attnlab
 from attnlab.models import AdditiveAttention, DotProductAttention, masked_softmax
+from attnlab.provenance import git_commit
 
 START = time.perf_counter()
 FAST = os.environ.get("ATTNLAB_TUTORIAL_FAST") == "1"  # fewer samples, same assertions
 torch.manual_seed(0)
+ROOT = Path(attnlab.__file__).resolve().parents[2]  # the project: results/
 print("mode:", "fast" if FAST else "full")
 
 # %% [markdown]
@@ -119,9 +124,11 @@ for d, n, t_add, t_dot in rows:
     print(f"{d:>4} {n:>4} {t_add * 1e3:>14.3f} {t_dot * 1e3:>10.3f} {t_add / t_dot:>15.1f}")
 
 # %% [markdown]
-# 要看的是比值，而不是毫秒数（后者取决于机器）：加性评分为隐藏向量花费 $O(n^2 h)$ 的时间
-# *和内存*，点积则是 $O(n^2 d)$ 时间的一次矩阵乘法，BLAS 能以全速执行。这是 Transformer
-# 采用点积的原因之一。（上面只断言了输出形状；在共享的机器上，计时不是测试能守住的结论。）
+# 要看的是比值，而不是毫秒数（后者取决于机器）。当 $h = d$ 时，两种评分都要 $O(n^2 d)$ 次
+# 乘加，所以只看大 O 解释不了这个比值：加性评分要构造一个 $n \times n \times h$ 的隐藏向量张量
+# （内存读写、对每个元素求 $\tanh$，再做一次归约），而点积只是一次矩阵乘法，BLAS 能以全速
+# 执行。这部分开销随 $d$、$n$ 和机器而变，所以比值对二者都不是单调的。这是 Transformer 采用点积
+# 的原因之一。（上面只断言了输出形状；在共享的机器上，计时不是测试能守住的结论。）
 #
 # ## 3. 为什么除以 √d
 #
@@ -304,11 +311,41 @@ plt.show()
 # softmax 学得最好。从 $d = 16$ 起，不缩放的梯度随 $d$ 每增大一级就缩小一截；缩放后的梯度保持不变。
 
 # %% [markdown]
+# ### 在训练好的 Transformer 中
+#
+# 在真实的模型中也一样。attnlab 的流水线又训练了一次 Transformer，只改了一个开关
+# `model.net.scaled=false`（每个头的评分 $\mathbf q^\top\mathbf k$ 都不除以 $\sqrt{d}$，这里
+# $d = 64$），训练配方的其余部分不变；见 [Ablations](../../how-to/ablations/)。已提交的结果文件
+# `results/ablation_history.csv` 记录了每次运行、每一轮之后，注意力权重各行在前 64 个验证集
+# 句子对上的平均熵（`attnlab.analysis.heads`）。训练一轮之后：
+
+# %%
+with open(ROOT / "results" / "runs.csv", newline="", encoding="utf-8") as f:
+    runs = {r["mlflow_run_id"]: r for r in csv.DictReader(f) if r["mlflow_run_id"]}
+with open(ROOT / "results" / "ablation_history.csv", newline="", encoding="utf-8") as f:
+    epoch1 = [h for h in csv.DictReader(f) if h["model"] == "transformer" and h["epoch"] == "1"]
+scaled = next(h for h in epoch1 if runs[h["mlflow_run_id"]]["profile"] == "default")
+unscaled = next(h for h in epoch1 if runs[h["mlflow_run_id"]]["recipe"].endswith("+model.net.scaled=false"))
+kinds = ("encoder_self", "decoder_self", "encoder_decoder")
+print(f"{'entropy after epoch 1 (nats)':30}", "  ".join(f"{k:>15}" for k in kinds), f"{'val BLEU':>9}")
+for name, h in (("scaled (the default)", scaled), ("unscaled", unscaled)):
+    print(f"{name:30}", "  ".join(f"{float(h['entropy_' + k]):>15.2f}" for k in kinds), f"{h['val_bleu']:>9}")
+for k in kinds:  # the unscaled heads are nearly one-hot from the first epoch on
+    assert float(unscaled["entropy_" + k]) < 0.25 * float(scaled["entropy_" + k]), k
+assert float(unscaled["val_bleu"]) < float(scaled["val_bleu"])
+
+# %% [markdown]
+# 没有 $1/\sqrt{d}$，训练出的各个头几乎是独热的：各行的熵只有百分之几奈特，而缩放的模型是一到
+# 两奈特；模型也学得更慢（旁边打印了第一轮之后的验证集 BLEU）。完整的曲线以及训练四轮之后的
+# 测试集 BLEU 见[结果](../../results/#after-the-first-epoch)。
+
+# %% [markdown]
 # ## 这意味着什么
 #
-# 不缩放时，评分的离散程度随 $\sqrt d$ 增长；在 Transformer 所用的宽度下（attnlab 每个头的
-# $d$ = `d_model / num_heads`），softmax 从第一步起就几乎是独热的，而本应教会查询和键“该关注
-# 哪个键”的梯度接近于 0。除以 $\sqrt d$ 让评分的方差无论 $d$ 多大都保持为 1，于是在任何宽度下
+# 不缩放时，评分的离散程度随 $\sqrt d$ 增长：头越宽（attnlab 每个头的 $d$ = `d_model / num_heads`），
+# softmax 从第一步起就越接近独热，本应教会查询和键“该关注哪个键”的梯度也越小。从 $d = 16$ 起，
+# $d$ 每增大一级它都在缩小，到 $d = 256$ 时已不到缩放后梯度的五分之一（两者都已在上面断言）。
+# 除以 $\sqrt d$ 让评分的方差无论 $d$ 多大都保持为 1，于是在任何宽度下
 # softmax 一开始都是“软”的、可训练的。这就是 `DotProductAttention.forward` 中的那一行
 # `scores = torch.bmm(queries, keys.transpose(1, 2)) / math.sqrt(d)`
 # （`src/attnlab/models/attention.py`；见
@@ -320,4 +357,4 @@ plt.show()
 
 # %%
 elapsed = time.perf_counter() - START
-print(f"this page ran in {elapsed:.1f} s ({'fast' if FAST else 'full'} mode)")
+print(f"this page ran in {elapsed:.1f} s ({'fast' if FAST else 'full'} mode), commit {git_commit()}")

@@ -26,8 +26,9 @@
 #
 # 1. compute $\operatorname{softmax}(\mathbf X\mathbf X^\top)\mathbf X$ by hand on three tokens,
 #    早 / 上 / 好 ("good morning"), and check it against attnlab's `DotProductAttention`;
-# 2. measure D2L's table comparing CNNs, RNNs and self-attention: floating-point operations,
-#    memory, sequential operations and maximum path length, against the sequence length $n$;
+# 2. measure the columns of D2L's table comparing CNNs, RNNs and self-attention (computational
+#    complexity as floating-point operations, sequential operations, maximum path length), plus
+#    memory and time, against the sequence length $n$;
 # 3. draw the sinusoidal positional encoding and check that $\mathbf p_{i+\delta}$ is a fixed
 #    linear map (a rotation) of $\mathbf p_i$.
 #
@@ -49,6 +50,7 @@ from torch.utils import benchmark
 from torch.utils.flop_counter import FlopCounterMode
 
 from attnlab.models import DotProductAttention, MultiHeadAttention, PositionalEncoding
+from attnlab.provenance import git_commit
 
 START = time.perf_counter()
 FAST = os.environ.get("ATTNLAB_TUTORIAL_FAST") == "1"  # fewer timings, same assertions
@@ -279,7 +281,9 @@ plt.show()
 # self-attention layer's bytes to be exactly $an + bn^2$, with $b$ = 4 bytes (float32) × heads
 # × batch, while the convolution and the GRU keep $O(nd)$ bytes. (The $an$ turns out to be five
 # $n\times d$ float32 tensors: the input, the queries, keys and values, and the heads' joined
-# output, which $\mathbf W_o$ keeps.)
+# output, which $\mathbf W_o$ keeps.) The GRU keeps more per token than self-attention's $a$, so the
+# memory crosses over at another length than the FLOPs: where $an + bn^2$ passes the GRU's
+# bytes, $n = 3d/h$ for $h$ heads, 48 here, not $n = d$.
 
 
 # %%
@@ -336,6 +340,12 @@ assert all(
     big == 4 * B * HEADS * n**2 for n, (_, big) in zip(MEM_NS, memory["self-attention"]) if n >= D // HEADS
 )
 print(f"self-attention keeps {a} n + {b} n² bytes")
+gru_per_token = total["RNN"][0] // MEM_NS[0]
+assert gru_per_token == 8 * 4 * D * B  # eight float32 n×d tensors: the GRU's gates and states
+crossover = (gru_per_token - a) / b  # where a·n + b·n² = gru_per_token·n
+assert crossover == 3 * D / HEADS
+assert all((t > g) == (n > crossover) for n, t, g in zip(MEM_NS, total["self-attention"], total["RNN"]))
+print(f"the GRU keeps {gru_per_token} n bytes: more than self-attention below n = {crossover:g}, less above")
 
 # %% [markdown]
 # ### Sequential operations: the depth of the autograd graph
@@ -393,7 +403,9 @@ print(f"GRU: {slope} more sequential operations per token")
 # `torch.utils.benchmark` on one CPU thread (batch of 8, no gradient). The milliseconds depend
 # on the machine and are **only illustrative** (nothing is asserted on them). What to look for:
 # on a CPU the GRU's $n$ small sequential steps typically cost more than their FLOPs suggest,
-# and self-attention's time grows faster than linearly once $n$ is a few times $d$.
+# and self-attention's time grows faster than linearly once $n$ is a few times $d$. So the
+# length where self-attention becomes slower than the GRU need not be the FLOPs' crossover at
+# $n = d$; the cell below prints where it lies on the machine that ran the page.
 
 # %%
 TIME_NS = [16, 64, 256] if FAST else [16, 32, 64, 128, 256, 512]
@@ -411,6 +423,10 @@ for n in TIME_NS:
 print(f"{'n':>5}", *(f"{name + ' (ms)':>20}" for name in times))
 for i, n in enumerate(TIME_NS):
     print(f"{n:>5}", *(f"{times[name][i] * 1e3:>20.3f}" for name in times))
+slower = [n for n, a, r in zip(TIME_NS, times["self-attention"], times["RNN"]) if a > r]
+print(
+    f"n timed: {TIME_NS}; self-attention slower than the GRU at: {slower or 'none'} (FLOPs: from n > d = {D})"
+)
 
 # %%
 fig, ax = plt.subplots(figsize=(5.5, 3.8))
@@ -426,8 +442,10 @@ plt.show()
 # %% [markdown]
 # ### Maximum path length
 #
-# How many layers or steps lie between input token $n-1$ and output token $0$? We test whether
-# a path exists with the gradient $\partial\mathbf y_0/\partial\mathbf x_{n-1}$.
+# How many layers or steps lie between the first and the last token? We test whether a path
+# exists with the gradient: $\partial\mathbf y_0/\partial\mathbf x_{n-1}$ for the convolution and
+# self-attention, which look both ways, and $\partial\mathbf y_{n-1}/\partial\mathbf x_0$ for the
+# GRU, which reads left to right (its $\mathbf y_0$ never depends on $\mathbf x_{n-1}$).
 #
 # **Convolutions.** One layer with kernel $k$ and padding $k//2$ sees $k//2$ tokens to each
 # side, so $L$ stacked layers see $L\cdot(k//2)$: reaching token $n-1$ from token $0$ takes
@@ -543,7 +561,7 @@ assert torch.allclose(P[:, 1::2].double(), torch.cos(i * omega), rtol=0, atol=1e
 # %% [markdown]
 # D2L's figure plots columns 6 to 9 over the positions: columns 6 and 7 (a sine and a cosine of
 # frequency $\omega_3 = 10000^{-6/32}$) oscillate faster than columns 8 and 9 (frequency
-# $\omega_4 = 10000^{-8/32} = 0.1$), and each cosine is its sine shifted by a quarter period. The
+# $\omega_4 = 10000^{-8/32} = 0.1$), and each cosine runs a quarter period ahead of its sine. The
 # heatmap shows all 32 columns: the frequency falls from left to right, as the bits of a binary
 # number change more slowly from the lowest to the highest (D2L 11.6.3.1 (zh 10.6.3.1)).
 
@@ -569,7 +587,7 @@ for col in (6, 8):  # sines: a sign change at every multiple of π
     w = omega[col // 2].item()
     assert sign_changes(P[:, col]) == math.floor((NUM_STEPS - 1) * w / math.pi), col
 assert sign_changes(P[:, 6]) == 3 and sign_changes(P[:, 8]) == 1  # the higher frequency changes sign more
-# cos(ωi) = sin(ω(i + π/(2ω))): a quarter period later
+# cos(ωi) = sin(ωi + π/2): the cosine runs a quarter period ahead of the sine
 for col in (6, 8):
     w = omega[col // 2].item()
     assert torch.allclose(P[:, col + 1].double(), torch.sin(w * i[:, 0] + math.pi / 2), rtol=0, atol=1e-5)
@@ -648,4 +666,4 @@ plt.show()
 
 # %%
 elapsed = time.perf_counter() - START
-print(f"this page ran in {elapsed:.1f} s ({'fast' if FAST else 'full'} mode)")
+print(f"this page ran in {elapsed:.1f} s ({'fast' if FAST else 'full'} mode), commit {git_commit()}")

@@ -25,8 +25,8 @@
 #
 # 1. 在三个词元“早 / 上 / 好”上手算 $\operatorname{softmax}(\mathbf X\mathbf X^\top)\mathbf X$，
 #    并与 attnlab 的 `DotProductAttention` 对照；
-# 2. 度量书中比较卷积神经网络、循环神经网络和自注意力的那张表：浮点运算次数、内存、顺序操作
-#    和最大路径长度随序列长度 $n$ 的变化；
+# 2. 度量书中比较卷积神经网络、循环神经网络和自注意力的那张表的各列（以浮点运算次数表示的
+#    计算复杂度、顺序操作、最大路径长度），再加上内存和时间，随序列长度 $n$ 的变化；
 # 3. 画出正弦位置编码，并检查 $\mathbf p_{i+\delta}$ 是 $\mathbf p_i$ 的一个固定线性变换（旋转）。
 #
 # **运行时间。** 本页会给自己计时：最后一个单元格打印这里所展示的这次运行（完整模式）用了
@@ -46,6 +46,7 @@ from torch.utils import benchmark
 from torch.utils.flop_counter import FlopCounterMode
 
 from attnlab.models import DotProductAttention, MultiHeadAttention, PositionalEncoding
+from attnlab.provenance import git_commit
 
 START = time.perf_counter()
 FAST = os.environ.get("ATTNLAB_TUTORIAL_FAST") == "1"  # fewer timings, same assertions
@@ -268,7 +269,9 @@ plt.show()
 # 确定的。注意力权重对每个头、每个序列是一个 $n\times n$ 矩阵：我们预期自注意力层的字节数
 # 恰好是 $an + bn^2$，其中 $b$ = 4 字节（float32）× 头数 × 批量大小，而卷积和 GRU 只保存
 # $O(nd)$ 字节。（结果 $an$ 是五个 $n\times d$ 的 float32 张量：输入，查询、键和值，以及
-# $\mathbf W_o$ 保存的各头拼接后的输出。）
+# $\mathbf W_o$ 保存的各头拼接后的输出。）GRU 每个词元保存的字节比自注意力的 $a$ 多，所以内存
+# 的交叉点与浮点运算次数的不同：$an + bn^2$ 超过 GRU 的字节数处是 $n = 3d/h$（$h$ 为头数），
+# 这里是 48，而不是 $n = d$。
 
 
 # %%
@@ -325,6 +328,12 @@ assert all(
     big == 4 * B * HEADS * n**2 for n, (_, big) in zip(MEM_NS, memory["self-attention"]) if n >= D // HEADS
 )
 print(f"self-attention keeps {a} n + {b} n² bytes")
+gru_per_token = total["RNN"][0] // MEM_NS[0]
+assert gru_per_token == 8 * 4 * D * B  # eight float32 n×d tensors: the GRU's gates and states
+crossover = (gru_per_token - a) / b  # where a·n + b·n² = gru_per_token·n
+assert crossover == 3 * D / HEADS
+assert all((t > g) == (n > crossover) for n, t, g in zip(MEM_NS, total["self-attention"], total["RNN"]))
+print(f"the GRU keeps {gru_per_token} n bytes: more than self-attention below n = {crossover:g}, less above")
 
 # %% [markdown]
 # ### 顺序操作：自动微分图的深度
@@ -379,7 +388,8 @@ print(f"GRU: {slope} more sequential operations per token")
 # 浮点运算次数和顺序操作都会体现在时间上。我们用 `torch.utils.benchmark` 在一个 CPU 线程上
 # 给三种层计时（批量大小 8，不求梯度）。毫秒数取决于机器，**仅作示意**（不对它做任何断言）。
 # 可以留意：在 CPU 上，GRU 的 $n$ 个小的顺序步骤通常比其浮点运算次数所预示的更耗时；
-# 当 $n$ 达到 $d$ 的几倍之后，自注意力的时间增长快于线性。
+# 当 $n$ 达到 $d$ 的几倍之后，自注意力的时间增长快于线性。所以自注意力开始比 GRU 慢的长度
+# 未必就是浮点运算次数的交叉点 $n = d$；下面的单元格打印出在运行本页的机器上它在哪里。
 
 # %%
 TIME_NS = [16, 64, 256] if FAST else [16, 32, 64, 128, 256, 512]
@@ -397,6 +407,10 @@ for n in TIME_NS:
 print(f"{'n':>5}", *(f"{name + ' (ms)':>20}" for name in times))
 for i, n in enumerate(TIME_NS):
     print(f"{n:>5}", *(f"{times[name][i] * 1e3:>20.3f}" for name in times))
+slower = [n for n, a, r in zip(TIME_NS, times["self-attention"], times["RNN"]) if a > r]
+print(
+    f"n timed: {TIME_NS}; self-attention slower than the GRU at: {slower or 'none'} (FLOPs: from n > d = {D})"
+)
 
 # %%
 fig, ax = plt.subplots(figsize=(5.5, 3.8))
@@ -412,8 +426,10 @@ plt.show()
 # %% [markdown]
 # ### 最大路径长度
 #
-# 输入词元 $n-1$ 和输出词元 $0$ 之间隔着多少层或多少步？我们用梯度
-# $\partial\mathbf y_0/\partial\mathbf x_{n-1}$ 检验路径是否存在。
+# 第一个词元和最后一个词元之间隔着多少层或多少步？我们用梯度检验路径是否存在：卷积和自注意力
+# 双向都看，用 $\partial\mathbf y_0/\partial\mathbf x_{n-1}$；GRU 从左往右读，用
+# $\partial\mathbf y_{n-1}/\partial\mathbf x_0$（它的 $\mathbf y_0$ 从不依赖
+# $\mathbf x_{n-1}$）。
 #
 # **卷积。** 卷积核为 $k$、填充为 $k//2$ 的一层向两侧各看 $k//2$ 个词元，所以堆叠 $L$ 层能看到
 # $L\cdot(k//2)$ 个：从词元 $0$ 到达词元 $n-1$ 需要 $L = \lceil (n-1)/(k//2) \rceil$ 层，即
@@ -525,8 +541,8 @@ assert torch.allclose(P[:, 1::2].double(), torch.cos(i * omega), rtol=0, atol=1e
 
 # %% [markdown]
 # 书中的图画出第 6 到 9 列随位置的变化：第 6、7 列（频率为 $\omega_3 = 10000^{-6/32}$ 的
-# 正弦和余弦）比第 8、9 列（频率 $\omega_4 = 10000^{-8/32} = 0.1$）振荡得更快，而且每个余弦都是
-# 对应正弦平移四分之一周期。热图显示全部 32 列：频率从左到右下降，就像二进制数的各位从低位到
+# 正弦和余弦）比第 8、9 列（频率 $\omega_4 = 10000^{-8/32} = 0.1$）振荡得更快，而且每个余弦都比
+# 对应的正弦超前四分之一周期。热图显示全部 32 列：频率从左到右下降，就像二进制数的各位从低位到
 # 高位变化得越来越慢（10.6.3.1 节）。
 
 # %%
@@ -551,7 +567,7 @@ for col in (6, 8):  # sines: a sign change at every multiple of π
     w = omega[col // 2].item()
     assert sign_changes(P[:, col]) == math.floor((NUM_STEPS - 1) * w / math.pi), col
 assert sign_changes(P[:, 6]) == 3 and sign_changes(P[:, 8]) == 1  # the higher frequency changes sign more
-# cos(ωi) = sin(ω(i + π/(2ω))): a quarter period later
+# cos(ωi) = sin(ωi + π/2): the cosine runs a quarter period ahead of the sine
 for col in (6, 8):
     w = omega[col // 2].item()
     assert torch.allclose(P[:, col + 1].double(), torch.sin(w * i[:, 0] + math.pi / 2), rtol=0, atol=1e-5)
@@ -627,4 +643,4 @@ plt.show()
 
 # %%
 elapsed = time.perf_counter() - START
-print(f"this page ran in {elapsed:.1f} s ({'fast' if FAST else 'full'} mode)")
+print(f"this page ran in {elapsed:.1f} s ({'fast' if FAST else 'full'} mode), commit {git_commit()}")

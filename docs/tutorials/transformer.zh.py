@@ -54,6 +54,7 @@ from attnlab.models import (
     TransformerDecoderBlock,
     TransformerEncoderBlock,
 )
+from attnlab.provenance import git_commit
 
 START = time.perf_counter()
 FAST = os.environ.get("ATTNLAB_TUTORIAL_FAST") == "1"  # fewer random draws, same assertions
@@ -65,7 +66,7 @@ print("mode:", "fast" if FAST else "full")
 #
 # ### D2L 的小例子
 #
-# D2L 10.7.2 (zh 9.7.1) 节（英文版 11.7.2）在训练模式下，用一个含两个样本、每个样本两个特征的小批量
+# 第 10.7.2 节（英文版 11.7.2 节）在训练模式下，用一个含两个样本、每个样本两个特征的小批量
 # $\mathbf X = \begin{bmatrix}1 & 2\\ 2 & 3\end{bmatrix}$ 比较二者。**层规范化**对每一*行*
 # （一个样本的所有特征）做规范化；**批量规范化**对每一*列*（一个特征在整个小批量上）做规范化。
 # 二者都减去均值、再除以 $\sqrt{\sigma^2 + \epsilon}$，其中 $\sigma^2$ 是有偏方差，$\epsilon$
@@ -174,7 +175,7 @@ plt.show()
 
 # %% [markdown]
 # 在层规范化下，四条曲线互相重合；在批量规范化下，每种情形各画出自己的一条。这就是
-# D2L 10.7.2 (zh 9.7.1) 节说层规范化适合自然语言的原因：序列的长度可变，而一个位置规范化后的值不应该
+# 第 10.7.2 节（英文版 11.7.2 节）说层规范化适合自然语言的原因：序列的长度可变，而一个位置规范化后的值不应该
 # 取决于小批量里的其他序列。
 #
 # ## 2. 残差连接：为什么要“加”上输入再规范化
@@ -308,7 +309,7 @@ assert dec_names == ["attention1", "addnorm1", "attention2", "addnorm2", "ffn", 
 # 各子层沿用 D2L 自己的属性名（`attention`、`addnorm1`、`ffn`……直到 `dense1`、`W_q`、
 # `ln`），而尺寸在 D2L 自有命名之处用的是论文中的名称：
 #
-# | 子层 | attnlab 的类（属性） | D2L 10.7 (zh 9.7) |
+# | 子层 | attnlab 的类（属性） | D2L 第 10.7 节（英文版 11.7 节） |
 # |---|---|---|
 # | 编码器块 | `TransformerEncoderBlock`（`encoder_blocks[i]`） | `TransformerEncoderBlock`（`blks`） |
 # | &nbsp; 自注意力 | `MultiHeadAttention`（`attention`） | `MultiHeadAttention`（`attention`） |
@@ -482,4 +483,4 @@ plt.show()
 
 # %%
 elapsed = time.perf_counter() - START
-print(f"this page ran in {elapsed:.1f} s ({'fast' if FAST else 'full'} mode)")
+print(f"this page ran in {elapsed:.1f} s ({'fast' if FAST else 'full'} mode), commit {git_commit()}")

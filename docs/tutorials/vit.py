@@ -61,6 +61,7 @@ from torch.nn import functional as F
 
 import attnlab
 from attnlab.models import TransformerEncoderBlock
+from attnlab.provenance import git_commit
 from attnlab.vision.data import load_image_splits
 from attnlab.vision.vit import PatchEmbedding, SmallCNN, VisionTransformer, build_image_net
 
@@ -490,4 +491,4 @@ plt.show()
 
 # %%
 elapsed = time.perf_counter() - START
-print(f"this page ran in {elapsed:.1f} s ({'fast' if FAST else 'full'} mode)")
+print(f"this page ran in {elapsed:.1f} s ({'fast' if FAST else 'full'} mode), commit {git_commit()}")
