@@ -1,10 +1,10 @@
-"""attnlab.provenance.git_commit: the commit a tutorial's outputs come from."""
+"""attnlab.analysis.provenance.git_commit: the commit a tutorial's outputs come from."""
 
 from __future__ import annotations
 
 import subprocess
 
-from attnlab.provenance import git_commit
+from attnlab.analysis.provenance import git_commit
 
 
 def _git(*args, cwd):

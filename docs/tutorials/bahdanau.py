@@ -32,7 +32,7 @@
 #    tapis." and of D2L's "go ." → "va !", and check that *chat* looks at *cat*;
 # 3. measure how close to the diagonal the alignments of the validation sentences lie;
 # 4. read the pipeline's **BLEU by source length** for the attention-free seq2seq model, Bahdanau
-#    and the Transformer: why a fixed context vector fails on long sentences.
+#    and the Transformer: what a fixed context vector costs, and how strong that evidence is.
 #
 # **The trained model.** The full mode (how the site is built) reads the model that `dvc repro`
 # trained in this project (`runs/bahdanau.json`, the `train@bahdanau` stage; see
@@ -62,11 +62,11 @@ import yaml
 
 import attnlab
 from attnlab.analysis.heads import diagonal_offset
+from attnlab.analysis.provenance import git_commit
 from attnlab.analysis.trained import trained_model
 from attnlab.data.corpora import read_lines
 from attnlab.data.special_tokens import BOS_ID, EOS_ID, PAD_ID
 from attnlab.inference.decoding import translate
-from attnlab.provenance import git_commit
 
 START = time.perf_counter()
 FAST = os.environ.get("ATTNLAB_TUTORIAL_FAST") == "1"  # a one-epoch model, fewer sentences, same assertions
@@ -78,6 +78,8 @@ print("mode:", "fast" if FAST else "full")
 model = trained_model("bahdanau", ROOT, epochs=1 if FAST else None, fallback_epochs=1)
 net, sp = model.net, model.tokenizer
 print("model:", model.origin)
+# the examples below are English→French: a model of another direction (params.yaml) cannot show them
+assert model.tokenized.name.endswith("-en-fr"), f"this page needs an en→fr model, not {model.tokenized.name}"
 print(f"model ready after {time.perf_counter() - START:.1f} s")
 
 # %% [markdown]
@@ -265,7 +267,7 @@ print(f"  trained {trained_offset:.3f}, random {random_offset:.3f}")
 assert trained_offset < 0.5 * random_offset
 
 # %% [markdown]
-# ## 4. Why a fixed context vector fails on long sentences
+# ## 4. What a fixed context vector costs
 #
 # Before attention, the encoder–decoder of D2L 10.7 (zh 9.7) handed the decoder **one** vector,
 # the encoder's last state, for the whole sentence: a fixed-size summary, whatever the length.

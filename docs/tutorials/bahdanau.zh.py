@@ -30,7 +30,7 @@
 #    的**对齐**，并检查 *chat* 关注的是 *cat*；
 # 3. 度量验证集句子的对齐离对角线有多近；
 # 4. 读流水线给出的**按源句长度分组的 BLEU**，比较不带注意力的 seq2seq 模型、Bahdanau 和
-#    Transformer：看固定的上下文变量为什么在长句上失效。
+#    Transformer：看固定的上下文变量代价几何，以及这个证据有多强。
 #
 # **训练好的模型。** 完整模式（网站就是这样构建的）读取 `dvc repro` 在本项目中训练出的模型
 # （`runs/bahdanau.json`，即 `train@bahdanau` 阶段；见[第一次运行](../../tutorials/first-run/)）。
@@ -57,11 +57,11 @@ import yaml
 
 import attnlab
 from attnlab.analysis.heads import diagonal_offset
+from attnlab.analysis.provenance import git_commit
 from attnlab.analysis.trained import trained_model
 from attnlab.data.corpora import read_lines
 from attnlab.data.special_tokens import BOS_ID, EOS_ID, PAD_ID
 from attnlab.inference.decoding import translate
-from attnlab.provenance import git_commit
 
 START = time.perf_counter()
 FAST = os.environ.get("ATTNLAB_TUTORIAL_FAST") == "1"  # a one-epoch model, fewer sentences, same assertions
@@ -73,6 +73,8 @@ print("mode:", "fast" if FAST else "full")
 model = trained_model("bahdanau", ROOT, epochs=1 if FAST else None, fallback_epochs=1)
 net, sp = model.net, model.tokenizer
 print("model:", model.origin)
+# the examples below are English→French: a model of another direction (params.yaml) cannot show them
+assert model.tokenized.name.endswith("-en-fr"), f"this page needs an en→fr model, not {model.tokenized.name}"
 print(f"model ready after {time.perf_counter() - START:.1f} s")
 
 # %% [markdown]
@@ -254,7 +256,7 @@ print(f"  trained {trained_offset:.3f}, random {random_offset:.3f}")
 assert trained_offset < 0.5 * random_offset
 
 # %% [markdown]
-# ## 4. 为什么固定的上下文变量在长句上失效
+# ## 4. 固定的上下文变量的代价
 #
 # 在注意力出现之前，9.7 节（英文版 10.7 节）的编码器-解码器只交给解码器**一个**向量，即编码器
 # 的最后一个隐状态，来代表整个句子：无论句子多长，都是一个固定大小的摘要。Bahdanau 等人

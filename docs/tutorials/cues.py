@@ -49,8 +49,8 @@ import time
 import matplotlib.pyplot as plt
 import torch
 
+from attnlab.analysis.provenance import git_commit
 from attnlab.models import AdditiveAttention, DotProductAttention, MultiHeadAttention
-from attnlab.provenance import git_commit
 
 START = time.perf_counter()
 FAST = os.environ.get("ATTNLAB_TUTORIAL_FAST") == "1"  # fewer points on one curve, same assertions

@@ -55,6 +55,7 @@ import torch
 from scipy import stats
 from torch import nn
 
+from attnlab.analysis.provenance import git_commit
 from attnlab.models import masked_hardmax, masked_softmax
 from attnlab.models.hard_attention import (
     MovingAverageBaseline,
@@ -63,7 +64,6 @@ from attnlab.models.hard_attention import (
     score_function_loss,
     straight_through_gumbel,
 )
-from attnlab.provenance import git_commit
 
 START = time.perf_counter()
 FAST = os.environ.get("ATTNLAB_TUTORIAL_FAST") == "1"  # fewer samples and seeds, same assertions

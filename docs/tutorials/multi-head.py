@@ -66,6 +66,7 @@ from IPython.display import HTML, display
 import attnlab
 from attnlab.analysis.explorer import translation_epoch, translation_explorer
 from attnlab.analysis.heads import head_statistics
+from attnlab.analysis.provenance import git_commit
 from attnlab.analysis.pruning import head_importance
 from attnlab.analysis.trained import trained_model
 from attnlab.analysis.viz import collect_translation_maps
@@ -73,7 +74,6 @@ from attnlab.data.corpora import read_lines
 from attnlab.data.special_tokens import BOS_ID, EOS_ID, PAD_ID
 from attnlab.inference.decoding import translate_text
 from attnlab.metrics import corpus_scores
-from attnlab.provenance import git_commit
 
 START = time.perf_counter()
 FAST = os.environ.get("ATTNLAB_TUTORIAL_FAST") == "1"  # a two-epoch model, fewer sentences, same assertions
@@ -83,6 +83,8 @@ print("mode:", "fast" if FAST else "full")
 # fast: a two-epoch run of the pipeline's recipe; full: the pipeline's model (or that run, if none)
 model = trained_model("transformer", ROOT, epochs=2 if FAST else None, fallback_epochs=2)
 net, sp = model.net, model.tokenizer
+# the examples below are English→French: a model of another direction (params.yaml) cannot show them
+assert model.tokenized.name.endswith("-en-fr"), f"this page needs an en→fr model, not {model.tokenized.name}"
 print(f"model ready after {time.perf_counter() - START:.1f} s")
 layers = net.attention_layers()  # kind → [MultiHeadAttention per layer]
 H, L = layers["encoder_self"][0].num_heads, len(layers["encoder_self"])

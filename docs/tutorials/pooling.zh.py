@@ -50,11 +50,11 @@ import matplotlib.pyplot as plt
 import torch
 from IPython.display import Image, display
 
+from attnlab.analysis.provenance import git_commit
 from attnlab.analysis.viz import nw_figures
 from attnlab.data.synthetic import synthetic_regression, true_function
 from attnlab.models import NadarayaWatson
 from attnlab.models.nadaraya_watson import KERNELS, kernel, kernel_weights, leave_one_out
-from attnlab.provenance import git_commit
 
 # attnlab.analysis.viz writes PNG files and selects matplotlib's Agg backend when imported; in
 # Jupyter the next line (a comment when this page runs as a script) brings inline figures back

@@ -45,8 +45,8 @@ import torch
 from torch.utils import benchmark
 
 import attnlab
+from attnlab.analysis.provenance import git_commit
 from attnlab.models import AdditiveAttention, DotProductAttention, masked_softmax
-from attnlab.provenance import git_commit
 
 START = time.perf_counter()
 FAST = os.environ.get("ATTNLAB_TUTORIAL_FAST") == "1"  # fewer samples, same assertions

@@ -45,8 +45,8 @@ from torch import nn
 from torch.utils import benchmark
 from torch.utils.flop_counter import FlopCounterMode
 
+from attnlab.analysis.provenance import git_commit
 from attnlab.models import DotProductAttention, MultiHeadAttention, PositionalEncoding
-from attnlab.provenance import git_commit
 
 START = time.perf_counter()
 FAST = os.environ.get("ATTNLAB_TUTORIAL_FAST") == "1"  # fewer timings, same assertions

@@ -49,6 +49,7 @@ import matplotlib.pyplot as plt
 import torch
 from torch import nn
 
+from attnlab.analysis.provenance import git_commit
 from attnlab.models import (
     AddNorm,
     MultiHeadAttention,
@@ -57,7 +58,6 @@ from attnlab.models import (
     TransformerDecoderBlock,
     TransformerEncoderBlock,
 )
-from attnlab.provenance import git_commit
 
 START = time.perf_counter()
 FAST = os.environ.get("ATTNLAB_TUTORIAL_FAST") == "1"  # fewer random draws, same assertions

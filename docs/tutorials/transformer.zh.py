@@ -46,6 +46,7 @@ import matplotlib.pyplot as plt
 import torch
 from torch import nn
 
+from attnlab.analysis.provenance import git_commit
 from attnlab.models import (
     AddNorm,
     MultiHeadAttention,
@@ -54,7 +55,6 @@ from attnlab.models import (
     TransformerDecoderBlock,
     TransformerEncoderBlock,
 )
-from attnlab.provenance import git_commit
 
 START = time.perf_counter()
 FAST = os.environ.get("ATTNLAB_TUTORIAL_FAST") == "1"  # fewer random draws, same assertions

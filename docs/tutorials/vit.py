@@ -60,8 +60,8 @@ from omegaconf import OmegaConf
 from torch.nn import functional as F
 
 import attnlab
+from attnlab.analysis.provenance import git_commit
 from attnlab.models import TransformerEncoderBlock
-from attnlab.provenance import git_commit
 from attnlab.vision.data import load_image_splits
 from attnlab.vision.vit import PatchEmbedding, SmallCNN, VisionTransformer, build_image_net
 

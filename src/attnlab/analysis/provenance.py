@@ -9,7 +9,7 @@ from __future__ import annotations
 import subprocess
 from pathlib import Path
 
-PROJECT = Path(__file__).resolve().parents[2]  # src/attnlab/ → the project root (editable install)
+PROJECT = Path(__file__).resolve().parents[3]  # src/attnlab/analysis/ → the project root (editable install)
 
 
 def git_commit(root: Path | str = PROJECT) -> str:
