@@ -47,6 +47,18 @@ IMAGE_COLUMNS = [
     "run", "commit", "date", "data", "model", "params", "epochs", "seed", "test_accuracy", "test_errors",
     "test_images", "machine", "threads", "concurrent", "minutes_train", "mlflow_run_id", "source",
 ]  # fmt: skip
+# Additive against dot-product scoring, timed side by side (benchmarks/scoring_throughput.py
+# --record): one row per case of a run; optional
+SPEED_CSV = Path("results/scoring_speed.csv")
+SPEED_COLUMNS = [
+    "run", "commit", "date", "machine", "threads", "concurrent", "case", "batch", "len", "d",
+    "additive_ms", "dot_ms", "time_ratio", "macs_ratio", "source",
+]  # fmt: skip
+SPEED_CASES = {
+    "layer_one_query": "the layer, one query (a decoder step)",
+    "layer_all_queries": "the layer, every position a query",
+    "bahdanau_train_step": "a Bahdanau training step",
+}
 MACHINES_CSV = Path("results/machines.csv")
 README = Path("README.md")
 INDEX_MD = Path("docs/results/index.md")
@@ -413,12 +425,26 @@ def image_summary(images: Sequence[dict[str, str]]) -> list[list[str]]:
     return out
 
 
+def speed_rows(speed: Sequence[dict[str, str]]) -> list[list[str]]:
+    """One row per row of ``results/scoring_speed.csv``: the case, its sizes, both times, their
+    ratio and the ratio of multiply-adds counted by hand."""
+    return [
+        [SPEED_CASES[r["case"]], f"{r['batch']} × {r['len']}, d {r['d']}", f"{float(r['additive_ms']):.2f}",
+         f"{float(r['dot_ms']):.2f}", f"{float(r['time_ratio']):.2f}",
+         f"{float(r['macs_ratio']):.2f}" if r["macs_ratio"] else "",
+         f"`{r['commit']}`" + (" and uncommitted changes" if "uncommitted" in r["source"] else ""),
+         f"{r['machine']} ({r['threads']})", r["concurrent"]]
+        for r in speed
+    ]  # fmt: skip
+
+
 def render_index(
     runs: Sequence[dict[str, str]],
     machines: Sequence[dict[str, str]],
     by_length: Sequence[dict[str, str]] = (),
     images: Sequence[dict[str, str]] = (),
     history: Sequence[dict[str, str]] = (),
+    speed: Sequence[dict[str, str]] = (),
 ) -> str:
     lines = [
         GENERATED,
@@ -459,8 +485,9 @@ def render_index(
             "",
             "The default recipe with one switch changed ([how to run them](../how-to/ablations.md)), "
             "beside the default run of the same model on the same machine and thread count (Δ: "
-            "the switch's test_2016_flickr BLEU minus the default's). One seed each (0), unless "
-            "the switch names another.",
+            "the switch's test_2016_flickr BLEU minus the default's; where a run adds a switch to "
+            "another ablation, such as `scaled=false` at `d_model=512`, minus that run's, named "
+            "in the cell). One seed each (0), unless the switch names another.",
             "",
             *_table(
                 ["model", "switch", "test_2016_flickr BLEU", "Δ", "test_2017_flickr BLEU",
@@ -491,6 +518,26 @@ def render_index(
             "(ablation_curves_bahdanau.png)",
             "",
         ]
+    if speed:
+        lines += [
+            "### Additive against dot-product scoring: time",
+            "",
+            "The chapter says dot-product scoring is cheaper. The ablation runs above ran beside "
+            "other work, so their minutes do not compare; `benchmarks/scoring_throughput.py` times "
+            "both scorings in one process, in alternating rounds (so that whatever else runs on "
+            "the machine slows both alike), on the same inputs "
+            "(`results/scoring_speed.csv`): the attention layers alone (forward and backward; "
+            "sentences × tokens, width d) and a whole training step of Bahdanau's model with "
+            "each scoring. Milliseconds per call (the median over rounds); the multiply-adds "
+            "ratio is counted by hand.",
+            "",
+            *_table(
+                ["what is timed", "batch", "additive (ms)", "dot (ms)", "additive / dot",
+                 "multiply-adds, additive / dot", "commit", "machine (threads)", "beside it"],
+                speed_rows(speed),
+            ),
+            "",
+        ]  # fmt: skip
     if by_length:
         models = list(dict.fromkeys(r["model"] for r in by_length))
         buckets = list(dict.fromkeys((r["words_min"], r["words_max"], r["sentences"]) for r in by_length))
@@ -570,11 +617,35 @@ def split_ablation(recipe: str) -> tuple[str, str]:
     return base, switch
 
 
+def _same_setting(a: dict[str, str], b: dict[str, str]) -> bool:
+    return all(a[c] == b[c] for c in ("corpus", "src_lang", "tgt_lang", "machine", "threads"))
+
+
 def ablation_baseline(runs: Sequence[dict[str, str]], r: dict[str, str]) -> dict[str, str] | None:
-    """The newest default-profile run of the ablation ``r``'s base recipe, model (for a model of
-    its own, :data:`ABLATED`'s), corpus, direction, machine and thread count (with a test
-    score), or None."""
-    recipe = split_ablation(r["recipe"])[0]
+    """The run the ablation ``r`` is compared with: the ablation of the same base recipe, model,
+    corpus, direction, machine and thread count whose switches ``r`` extends (its switches a
+    strict subset of ``r``'s, the most of them: ``d_model=512`` for ``d_model=512 scaled=false``;
+    no run with a ``seed=`` switch is one or has one), else the newest default-profile run of the
+    base recipe and model (for a model of its own, :data:`ABLATED`'s) in that setting, with a
+    test score; or None."""
+    recipe, switch = split_ablation(r["recipe"])
+    tokens = set(switch.split())
+    seeded = lambda switches: any(t.startswith("seed=") for t in switches)  # another seed: vs the default
+    extended = [
+        b
+        for b in runs
+        if b["profile"] == ABLATION
+        and not seeded(tokens)
+        and not seeded(split_ablation(b["recipe"])[1].split())
+        and b is not r
+        and b["model"] == r["model"]
+        and _same_setting(b, r)
+        and b.get("test_2016_flickr_bleu")
+        and split_ablation(b["recipe"])[0] == recipe
+        and set(split_ablation(b["recipe"])[1].split()) < tokens
+    ]
+    if extended:
+        return max(extended, key=lambda b: len(split_ablation(b["recipe"])[1].split()))
     model = ABLATED.get(r["model"], r["model"])
     same = [
         b
@@ -582,21 +653,22 @@ def ablation_baseline(runs: Sequence[dict[str, str]], r: dict[str, str]) -> dict
         if b["profile"] == "default"
         and b["recipe"] == recipe
         and b["model"] == model
-        and all(b[c] == r[c] for c in ("corpus", "src_lang", "tgt_lang", "machine", "threads"))
+        and _same_setting(b, r)
         and b.get("test_2016_flickr_bleu")
     ]
     return max(reversed(same), key=lambda b: b["date"]) if same else None  # newest date, last row
 
 
 def _ablation_rows(runs: Sequence[dict[str, str]]) -> list[list[str]]:
-    """Per model (in MODELS' order): its baselines, each followed by its ablations."""
+    """Per model (in MODELS' order): its baselines, each followed by its ablations. An ablation
+    compared with another ablation (:func:`ablation_baseline`) names it in its Δ."""
     out = []
     ablations = sorted((r for r in runs if r["profile"] == ABLATION), key=lambda r: MODELS.index(r["model"]))
     shown: set[int] = set()
     for r in ablations:
         base = ablation_baseline(runs, r)
         rows = [r]
-        if base is not None and id(base) not in shown:
+        if base is not None and base["profile"] != ABLATION and id(base) not in shown:
             shown.add(id(base))
             rows.insert(0, base)
         for row in rows:
@@ -604,6 +676,8 @@ def _ablation_rows(runs: Sequence[dict[str, str]]) -> list[list[str]]:
             if base is not None:
                 ref = _number(base["test_2016_flickr_bleu"])
             delta = "" if row is base or score is None or ref is None else f"{score - ref:+.2f}"
+            if delta and base is not None and base["profile"] == ABLATION:
+                delta += f" (vs `{split_ablation(base['recipe'])[1]}`)"
             out.append(
                 [
                     MODEL_NAMES[row["model"]],
@@ -876,6 +950,39 @@ def _images(root: Path) -> list[dict[str, str]]:
     return rows
 
 
+def _speed(root: Path) -> list[dict[str, str]]:
+    """The rows of results/scoring_speed.csv ([] without it).
+
+    Raises:
+        ValueError: its columns are not :data:`SPEED_COLUMNS`, a case not in :data:`SPEED_CASES`,
+            or a time that is no positive number.
+    """
+    path = root / SPEED_CSV
+    if not path.exists():
+        return []
+    columns, rows = read_csv(path)
+    if columns != SPEED_COLUMNS:
+        raise ValueError(f"{SPEED_CSV}: columns {columns}, expected {SPEED_COLUMNS}")
+    for i, r in enumerate(rows, 2):
+        if r["case"] not in SPEED_CASES:
+            raise ValueError(f"{SPEED_CSV}:{i}: case {r['case']!r} is none of {', '.join(SPEED_CASES)}")
+        for column in ("additive_ms", "dot_ms", "time_ratio"):
+            value = _number(r[column])
+            if value is None or value <= 0:
+                raise ValueError(f"{SPEED_CSV}:{i}: {column} {r[column]!r} is no positive number")
+    return rows
+
+
+def _docs(root: Path, runs: Sequence[dict[str, str]], machines: Sequence[dict[str, str]]) -> dict[Path, str]:
+    """The pages under docs/results/ → their text, from the CSVs under ``root``."""
+    index = render_index(runs, machines, _by_length(root), _images(root), _history(root), _speed(root))
+    return {
+        INDEX_MD: index,
+        RUNS_MD: render_runs(runs, machines),
+        MACHINES_MD: render_machines(runs, machines),
+    }
+
+
 def expected(root: Path) -> dict[Path, str]:
     """Each generated file (relative to ``root``) → the text it should have.
 
@@ -886,11 +993,7 @@ def expected(root: Path) -> dict[Path, str]:
     found = problems(runs, machines, run_columns, machine_columns)
     if found:
         raise ValueError("\n".join(found))
-    docs = {
-        INDEX_MD: render_index(runs, machines, _by_length(root), _images(root), _history(root)),
-        RUNS_MD: render_runs(runs, machines),
-        MACHINES_MD: render_machines(runs, machines),
-    }
+    docs = _docs(root, runs, machines)
     readme = (root / README).read_text(encoding="utf-8")
     return {**docs, README: readme_with_section(readme, render_readme_section(runs))}
 
@@ -918,11 +1021,7 @@ def write(root: Path) -> list[str]:
         missing = e
         run_columns, runs = read_csv(root / RUNS_CSV)
         _, machines = read_csv(root / MACHINES_CSV)
-        want = {
-            INDEX_MD: render_index(runs, machines, _by_length(root), _images(root), _history(root)),
-            RUNS_MD: render_runs(runs, machines),
-            MACHINES_MD: render_machines(runs, machines),
-        }
+        want = _docs(root, runs, machines)
     written = []
     for path, text in want.items():
         if _read(root / path) != text:

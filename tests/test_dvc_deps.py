@@ -36,30 +36,45 @@ NEUTRAL = {
 NOT_IMPORTED = {"export": {"attnlab/serving/model.py"}, "export_nw": {"attnlab/serving/model.py"}}
 
 
-# stage (its template for a `foreach`) → the key of conf/model/<model>.yaml's `task` it loads
-TASK_KEY = {"train": "module", "evaluate": "evaluate", "export": "export"}
+# stage (its template for a `foreach`) → the keys of conf/model/<model>.yaml's `task` it loads
+# (`load`, where a model gives it, rebuilds the net from its checkpoint: the image models')
+TASK_KEY = {"train": ("module",), "evaluate": ("evaluate", "load", "summary"), "export": ("export", "load")}
+
+
+VISION = "attnlab.vision."
+
+
+def _model_configs() -> dict[str, dict]:
+    """conf/model/<model>.yaml by model name."""
+    return {f.stem: yaml.safe_load(f.read_text()) for f in sorted((ROOT / "conf" / "model").glob("*.yaml"))}
 
 
 def _named_by_config(name: str) -> set[str]:
     """The attnlab modules the stage's configs name for it: for ``tokenize`` the ``tokenize`` of
     every conf/data/*.yaml (``params.yaml``'s ``data`` may choose any), else ``task.<key>`` of each
-    model the stage runs (params.yaml's ``models`` for a ``foreach`` stage, ``nw`` for ``*_nw``)."""
+    model the stage runs (params.yaml's ``models`` for a translation ``foreach`` stage, ``nw`` for
+    ``*_nw``, every image model (:data:`VISION`) for ``*_image``)."""
     if name == "tokenize":
         named = [
             yaml.safe_load(f.read_text()).get("tokenize") for f in (ROOT / "conf" / "data").glob("*.yaml")
         ]
         return {target.rsplit(".", 1)[0] for target in named if target}
-    kind = name.removesuffix("_nw")
+    kind = name.removesuffix("_nw").removesuffix("_image")
     if kind not in TASK_KEY:
         return set()
     params = yaml.safe_load((ROOT / "params.yaml").read_text())
-    models = ["nw"] if name.endswith("_nw") else list(params["models"])
+    if name.endswith("_nw"):
+        models = ["nw"]
+    elif name.endswith("_image"):  # params.yaml's `images` is empty: every model an experiment can add
+        models = [m for m in _model_configs() if _model_configs()[m]["task"]["module"].startswith(VISION)]
+    else:
+        models = list(params["models"])
     named = set()
     for model in models:
-        target = yaml.safe_load((ROOT / "conf" / "model" / f"{model}.yaml").read_text())["task"][
-            TASK_KEY[kind]
-        ]
-        named.add(target.rsplit(".", 1)[0])  # the module of the class or function
+        task = _model_configs()[model]["task"]
+        for key in TASK_KEY[kind]:
+            if key in task:
+                named.add(task[key].rsplit(".", 1)[0])  # the module of the class or function
     return named
 
 

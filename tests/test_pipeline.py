@@ -14,6 +14,7 @@ import hashlib
 import json
 import math
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -989,6 +990,37 @@ def test_metrics_diff_and_plots_diff_compare_experiments(experiments):
     assert [p["revisions"] for p in plots[epoch1]] == [[r] for r in revs.values()]
     epoch2 = epoch1.replace("epoch01", "epoch02")
     assert [p["revisions"] for p in plots[epoch2]] == [[revs["baseline"]], [revs["queued"]]]
+
+
+# the experiment docs/how-to/ablations.md shows, at test size (one epoch on 64 images per split)
+IMAGE_EXP = '+images.vit={data: digits, optimizer: adamw, max_epochs: 1, overrides: "data.subset=64"}'
+
+
+def test_an_image_model_joins_as_an_experiment_and_runs_alone(experiments):
+    """params.yaml's `images` is empty, so `dvc repro` has no image stage; `dvc exp run -S
+    '+images.vit={...}'` adds the key (Hydra's `+`), which makes train_image@vit, evaluate_image@vit
+    and export_image@vit, and runs those alone: the other outputs are in the cache. Runs last in the
+    clone (it applies its results there)."""
+    ran = dvc(experiments, "exp", "run", "-n", "vit", "-S", IMAGE_EXP)
+    assert ran.returncode == 0, ran.stdout[-3000:] + ran.stderr[-3000:]
+    ran_stages = re.findall(r"Running stage '([^']+)'", ran.stdout)
+    assert ran_stages == ["train_image@vit", "evaluate_image@vit", "export_image@vit"], ran.stdout
+    scores = json.loads((experiments / "metrics" / "vit.json").read_text())
+    assert scores["num_images"] == 64
+    assert scores["accuracy"] == pytest.approx(1 - scores["errors"] / 64)
+    assert (experiments / "models" / "vit" / "model.pt2").is_file()
+    pngs = sorted(p.name for p in (experiments / "plots" / "vit" / "attention").glob("*.png"))
+    # the class token's attention, one PNG per heatmap image, and the explorer of every head
+    assert pngs == [f"image{i}_cls_attention.png" for i in HEATMAP_SENTENCES]
+    assert (experiments / "plots" / "vit" / "explorer.html").is_file()
+    _, params, metrics = _exp_rows(experiments)["vit"]
+    assert params["images"] == {
+        "vit": {"data": "digits", "optimizer": "adamw", "max_epochs": 1, "overrides": "data.subset=64"}
+    }
+    shown = metrics["metrics/vit.json"]  # dvc exp show's numbers (it leaves out the nested config)
+    assert (shown["accuracy"], shown["errors"], shown["num_images"]) == (
+        scores["accuracy"], scores["errors"], 64,
+    )  # fmt: skip
 
 
 # --- the DVC graph follows params.yaml ----------------------------------------------------

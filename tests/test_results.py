@@ -217,6 +217,30 @@ def test_an_ablation_sits_beside_the_default_run_of_its_own_recipe_machine_and_t
     assert any("'<default recipe>+<switch>', not 'model.net.scaled=false'" in f for f in found), found
 
 
+def test_an_ablation_that_adds_a_switch_to_another_is_compared_with_it(tmp_path):
+    big = "model.net.d_model=512 model.net.ffn_hidden=1024"
+    runs = [
+        *TINY_RUNS,
+        _run("a6", test_2016_flickr_bleu=52.0, machine="box-b", threads=1),
+        _run("d1", test_2016_flickr_bleu=50.5, profile="ablation", recipe=f"r2+{big}", machine="box-b",
+             threads=1),
+        _run("d2", test_2016_flickr_bleu=30.25, profile="ablation", recipe=f"r2+{big} model.net.scaled=false",
+             machine="box-b", threads=1),
+        _run("s1", test_2016_flickr_bleu=51.0, profile="ablation", recipe=f"r2+{big} seed=1", machine="box-b",
+             threads=1),
+    ]  # fmt: skip
+    assert rt.ablation_baseline(runs, runs[-3]) is runs[-4]  # d_model=512 against the default
+    assert rt.ablation_baseline(runs, runs[-2]) is runs[-3]  # + scaled=false against d_model=512
+    assert rt.ablation_baseline(runs, runs[-1]) is runs[-4]  # another seed: against the default
+    root = _tiny_project(tmp_path, runs)
+    rt.write(root)
+    index = (root / "docs/results/index.md").read_text().split("## Ablations")[1].split("\n## ")[0]
+    assert f"| Transformer | `{big}` | 50.50 | -1.50 |" in index  # 50.5 − 52.0
+    # 30.25 − 50.5, named
+    assert f"| Transformer | `{big} model.net.scaled=false` | 30.25 | -20.25 (vs `{big}`) |" in index
+    assert index.count("(default `r2`)") == 1
+
+
 def test_a_range_whose_ends_print_alike_is_one_figure():
     rows = [_run("a", test_2016_flickr_bleu=28.232), _run("b", test_2016_flickr_bleu=28.2349)]
     assert rt.score_range(rows, "test_2016_flickr_bleu") == "28.23 (2 runs)"

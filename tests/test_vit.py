@@ -17,9 +17,11 @@ import torch
 from hydra import compose, initialize_config_dir
 
 import attnlab  # noqa: F401 - registers the resolvers conf/ uses, as the apps do
+from attnlab.analysis.explorer import decode_weights, read_data
 from attnlab.export.program import load_program
 from attnlab.vision.data import load_image_splits
 from attnlab.vision.evaluation import load_classifier
+from attnlab.vision.lit import patch_tokens
 from attnlab.vision.vit import PatchEmbedding, SmallCNN, VisionTransformer, build_image_net
 from helpers.tiny_train import env
 
@@ -304,6 +306,21 @@ def test_train_evaluate_export_on_a_digits_subset(tmp_path, model):
     pngs = sorted(p.name for p in (tmp_path / "plots" / model / "attention").glob("*.png"))
     # heatmaps.sentences = [0, 1, 2]: three val images, the class token's last-layer attention
     assert pngs == ([f"image{i}_cls_attention.png" for i in range(3)] if model == "vit" else [])
+    explorer = tmp_path / "plots" / model / "explorer.html"
+    assert explorer.exists() == (model == "vit")
+    if model == "vit":  # every layer and head over [CLS] and the 16 patches of the 3 val images
+        (epoch,) = read_data(explorer.read_text(encoding="utf-8"))["epochs"]
+        val_x, val_y = load_image_splits(_compose(f"model={model}", "data.subset=64").data).splits["val"]
+        sources = [s["source"] for s in epoch["sentences"]]
+        assert sources == [f"val image {i}, label {int(val_y[i])}" for i in range(3)]
+        kind = epoch["sentences"][2]["kinds"]["encoder_self"]
+        assert kind["keys"] == kind["queries"] == patch_tokens(4)
+        assert kind["keys"][:6] == ["[CLS]", "0,0", "0,1", "0,2", "0,3", "1,0"]  # row-major
+        assert (len(kind["keys"]), kind["keys"][-1]) == (17, "3,3")
+        last = torch.from_numpy(decode_weights(kind["layers"][-1])).float()  # (H, 17, 17)
+        with torch.no_grad():
+            cls_row = net.class_token_attention(val_x[:3])[-1][2]  # (H, 4, 4)
+        torch.testing.assert_close(last[:, 0, 1:].reshape(cls_row.shape), cls_row, rtol=0, atol=1e-5)
     out = _run("evaluate", tmp_path, f"model={model}")
     scores = json.loads((tmp_path / "metrics" / f"{model}.json").read_text())
     test_x, test_y = load_image_splits(_compose(f"model={model}", "data.subset=64").data).splits["test"]

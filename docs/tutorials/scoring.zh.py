@@ -125,10 +125,12 @@ for d, n, t_add, t_dot in rows:
 
 # %% [markdown]
 # 要看的是比值，而不是毫秒数（后者取决于机器）。当 $h = d$ 时，两种评分都要 $O(n^2 d)$ 次
-# 乘加，所以只看大 O 解释不了这个比值：加性评分要构造一个 $n \times n \times h$ 的隐藏向量张量
+# 乘加（加性评分还要对查询和键做投影，再多 $O(nd^2)$），所以只看大 O 解释不了这个比值：
+# 加性评分要构造一个 $n \times n \times h$ 的隐藏向量张量
 # （内存读写、对每个元素求 $\tanh$，再做一次归约），而点积只是一次矩阵乘法，BLAS 能以全速
-# 执行。这部分开销随 $d$、$n$ 和机器而变，所以比值对二者都不是单调的。这是 Transformer 采用点积
-# 的原因之一。（上面只断言了输出形状；在共享的机器上，计时不是测试能守住的结论。）
+# 执行。这部分开销取决于 $d$、$n$ 和机器，比值也是如此：上表是本次构建测得的结果，不代表在
+# 别处也会呈现同样的走势。这是 Transformer 采用点积的原因之一。（上面只断言了输出形状；在共享
+# 的机器上，计时不是测试能守住的结论。）
 #
 # ## 3. 为什么除以 √d
 #
@@ -227,6 +229,8 @@ assert u["max"][-1] > 0.8 and s["max"][-1] < 0.3, (u["max"][-1], s["max"][-1])
 assert u["entropy"][-1] < 0.5 and s["entropy"][-1] > 3.0, (u["entropy"][-1], s["entropy"][-1])
 # scaled: the same softmax at every d
 assert max(s["max"]) - min(s["max"]) < 0.05 and max(s["entropy"]) - min(s["entropy"]) < 0.15
+# and not uniform: about half a nat below log 64 (log n − σ²/2 for many keys, scores of variance σ² = 1)
+assert all(abs(math.log(KEYS) - 0.5 - e) < 0.15 for e in s["entropy"]), s["entropy"]
 
 # %%
 fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(9, 3.5))
@@ -242,6 +246,12 @@ for ax in (ax1, ax2):
 plt.show()
 
 # %% [markdown]
+# 缩放后的 softmax 是“软”的，但并不均匀：在每个 $d$ 下，它的熵都比 $\log 64$ 低大约半个奈特
+# （已在上面断言）。对方差为 $\sigma^2$ 的评分 $s_j$，当键很多时，归一化常数
+# $Z = \sum_j e^{s_j} \approx n\,\mathbb E[e^s] = n e^{\sigma^2/2}$，熵
+# $\log Z - \sum_j \alpha_j s_j$ 约为 $\log n + \sigma^2/2 - \mathbb E[s e^s]/\mathbb E[e^s]
+# = \log n - \sigma^2/2$：当 $\sigma^2 = 1$ 时比 $\log n$ 低半个奈特。
+#
 # ### 饱和的 softmax 几乎传不回梯度
 #
 # 如果模型还能靠学习走出饱和，饱和本身无妨。但它做不到，因为 softmax 饱和之处梯度消失。
@@ -295,6 +305,7 @@ assert gu[-1] < 0.2 * gs[-1], (gu[-1], gs[-1])  # at d = 256 the unscaled gradie
 assert gu[1] > gu[2] > gu[3]  # and it keeps shrinking as d grows from 16
 assert grad_tiny["unscaled"][-1] > 0.3 and max(grad_tiny["scaled"]) < 0.01, grad_tiny
 assert min(gs) > 0.8 * max(gs)  # scaled: about the same gradient at every d
+assert gu[0] > gs[0] and gu[1] > gs[1]  # at d = 4 and 16 the unscaled gradient is even larger
 
 # %%
 fig, ax = plt.subplots(figsize=(5, 3.5))
@@ -309,6 +320,46 @@ plt.show()
 # %% [markdown]
 # $d$ 较小时，不缩放的评分只比缩放的稍宽一些，梯度甚至还略大：评分分得既不太散也不太聚时，
 # softmax 学得最好。从 $d = 16$ 起，不缩放的梯度随 $d$ 每增大一级就缩小一截；缩放后的梯度保持不变。
+
+# %% [markdown]
+# ### 评分处的梯度与查询处的梯度
+#
+# 上面度量的是 softmax 自身的梯度，取在它的输入处：$\partial L/\partial\mathbf s$。
+# Vaswani 等人（2017）说点积过大会“把 softmax 函数推入梯度极小的区域”，指的正是它。查询和键
+# 从链式法则由此再往回传的梯度中学习：设 $\mathbf s = c\,\mathbf K\mathbf q$（不缩放时
+# $c = 1$，缩放时 $c = 1/\sqrt d$），则 $\partial L/\partial\mathbf q = c\,\mathbf K^\top
+# \partial L/\partial\mathbf s$。键的范数约为 $\sqrt d$，而不缩放时没有什么再除以
+# $\sqrt d$。我们在同样的多次抽样上、用同一个损失，度量 $\partial L/\partial\mathbf q$
+# 范数的中位数：
+
+# %%
+grad_q_median = {"unscaled": [], "scaled": []}  # median |dL/dq| over trials
+for d in DS:
+    q, k, v = draw(d)
+    for name, c in (("unscaled", 1.0), ("scaled", 1 / math.sqrt(d))):
+        q_leaf = q.detach().requires_grad_()
+        loss = (torch.softmax(c * q_leaf @ k.transpose(1, 2), -1) @ v).sum()
+        (g,) = torch.autograd.grad(loss, q_leaf)  # (TRIALS, 1, d)
+        grad_q_median[name].append(g.norm(dim=-1).median().item())
+gqu, gqs = grad_q_median["unscaled"], grad_q_median["scaled"]
+ratio_q = [a / b for a, b in zip(gqu, gqs)]
+
+print(f"{'d':>4} {'median |dL/dq|: unscaled':>25} {'scaled':>7} {'unscaled / scaled':>18}")
+for i, d in enumerate(DS):
+    print(f"{d:>4} {gqu[i]:>25.4f} {gqs[i]:>7.4f} {ratio_q[i]:>18.2f}")
+
+# %%
+assert all(a > b for a, b in zip(gqu[:-1], gqs[:-1])), (gqu, gqs)  # unscaled starts larger
+assert ratio_q[1] > ratio_q[0], ratio_q  # and its lead first grows with d
+assert ratio_q[-1] < 0.5 * max(ratio_q), ratio_q  # then saturation eats more than half of it
+assert min(gqs) > 0.75 * max(gqs), gqs  # scaled: about the same gradient at every d
+
+# %% [markdown]
+# 不缩放时，传到 $\mathbf q$ 的梯度没有除以 $\sqrt d$，所以一开始比缩放时大，而且领先的
+# 幅度起初随 $d$ 增大。随后饱和的 softmax 把这份领先吃掉了：在最大的 $d$ 处，剩下的不到其峰值的
+# 一半（已在上面断言；具体多少见表）。所以 $\sqrt d$ 保护的并不是查询和键的梯度大小，而是
+# softmax 自身的梯度 $\partial L/\partial\mathbf s$：正是这个信号告诉模型哪些键该多分一些
+# 注意力、哪些该少分一些；饱和的 softmax 几乎传不回它，前面乘上再大的因子也补不回来。
 
 # %% [markdown]
 # ### 在训练好的 Transformer 中
@@ -335,16 +386,71 @@ for k in kinds:  # the unscaled heads are nearly one-hot from the first epoch on
 assert float(unscaled["val_bleu"]) < float(scaled["val_bleu"])
 
 # %% [markdown]
-# 没有 $1/\sqrt{d}$，训练出的各个头几乎是独热的：各行的熵只有百分之几奈特，而缩放的模型是一到
-# 两奈特；模型也学得更慢（旁边打印了第一轮之后的验证集 BLEU）。完整的曲线以及训练四轮之后的
-# 测试集 BLEU 见[结果](../../results/#after-the-first-epoch)。
+# 没有 $1/\sqrt{d}$，训练出的各个头几乎是独热的：三种注意力中，各行的熵都只是缩放模型的一小部分
+# （不到四分之一，已断言；上表打印了两者）；模型也学得更慢（旁边打印了第一轮之后的验证集
+# BLEU）。完整的曲线以及训练四轮之后的测试集 BLEU 见[结果](../../results/#after-the-first-epoch)。
+
+# %% [markdown]
+# ### 更宽的头
+#
+# 上面的论证说，$d$ 越大，危害越大。流水线又用更宽的头把这一对模型各训练了一次，
+# `model.net.d_model=512 model.net.ffn_hidden=1024`：4 个头，每个头 $d = 128$ 而不是 64
+# （前馈层也宽一倍），缩放与不缩放，训练配方的其余部分不变。每一对在同一台机器上运行
+# （`results/runs.csv`）。下面是训练四轮之后的测试集 BLEU、每一轮之后的验证集 BLEU，以及第一轮
+# 之后注意力的熵：
+
+# %%
+WIDE = "model.net.d_model=512 model.net.ffn_hidden=1024"
+recipe = runs[scaled["mlflow_run_id"]]["recipe"]  # the default recipe the switches change
+wide = {
+    switch: next(r for r in runs.values() if r["recipe"] == f"{recipe}+{WIDE}{switch}")
+    for switch in ("", " model.net.scaled=false")
+}
+pairs = {  # per-head d → (scaled run, unscaled run)
+    64: (runs[scaled["mlflow_run_id"]], runs[unscaled["mlflow_run_id"]]),
+    128: (wide[""], wide[" model.net.scaled=false"]),
+}
+with open(ROOT / "results" / "ablation_history.csv", newline="", encoding="utf-8") as f:
+    first = {h["mlflow_run_id"]: h for h in csv.DictReader(f) if h["epoch"] == "1"}
+gap, mean_entropy = {}, {}
+print(
+    f"{'d per head':>10} {'':>9} {'test BLEU':>9} {'val BLEU by epoch':>26} {'entropy, epoch 1':>17}",
+    "machine",
+)
+for d, pair in pairs.items():
+    for name, r in zip(("scaled", "unscaled"), pair):
+        h = first[r["mlflow_run_id"]]
+        mean_entropy[d, name] = sum(float(h["entropy_" + k]) for k in kinds) / len(kinds)
+        print(f"{d:>10} {name:>9} {float(r['test_2016_flickr_bleu']):>9.2f} {r['val_bleu_epochs']:>26}"
+              f" {mean_entropy[d, name]:>17.2f}  {r['machine']} ({r['threads']})")  # fmt: skip
+    gap[d] = float(pair[0]["test_2016_flickr_bleu"]) - float(pair[1]["test_2016_flickr_bleu"])
+print("BLEU lost without √d:", {d: round(g, 2) for d, g in gap.items()})
+
+# %%
+for d, (s_run, u_run) in pairs.items():  # at both widths the unscaled heads are the more peaked
+    assert mean_entropy[d, "unscaled"] < 0.5 * mean_entropy[d, "scaled"], d
+    s_h, u_h = first[s_run["mlflow_run_id"]], first[u_run["mlflow_run_id"]]
+    for k in ("encoder_self", "decoder_self"):  # self-attention most of all
+        assert float(u_h["entropy_" + k]) < 0.25 * float(s_h["entropy_" + k]), (d, k)
+assert mean_entropy[128, "scaled"] < mean_entropy[64, "scaled"]  # wide heads sharpen even scaled
+assert gap[64] > 0 and gap[128] > 2 * gap[64], gap  # and they lose far more without √d
+
+# %% [markdown]
+# 两种宽度下，训练一轮之后都是不缩放的头更尖锐：它们的平均熵不到缩放模型的一半，自注意力中
+# 不到四分之一（均已断言）。更宽的模型即使缩放，注意力也更尖锐，但它仍然学会了翻译；去掉 √d 时，
+# 头宽为 128 损失的 BLEU 是头宽为 64 时的两倍多（已断言），从验证集 BLEU 看，四轮训练中它几乎
+# 什么也没学会。缩放的宽模型也比默认模型略差，所以这一损失不能只用宽度解释；至于缩放的宽模型
+# 的注意力为什么变尖锐得这么快，这几次运行没有回答。
 
 # %% [markdown]
 # ## 这意味着什么
 #
 # 不缩放时，评分的离散程度随 $\sqrt d$ 增长：头越宽（attnlab 每个头的 $d$ = `d_model / num_heads`），
-# softmax 从第一步起就越接近独热，本应教会查询和键“该关注哪个键”的梯度也越小。从 $d = 16$ 起，
-# $d$ 每增大一级它都在缩小，到 $d = 256$ 时已不到缩放后梯度的五分之一（两者都已在上面断言）。
+# softmax 从第一步起就越接近独热，softmax 自身的梯度，即评分处告诉模型“该关注哪个键”的梯度
+# $\partial L/\partial\mathbf s$，也越小：这就是 Vaswani 等人所说的“梯度极小的区域”。从
+# $d = 16$ 起，$d$ 每增大一级它都在缩小，到 $d = 256$ 时已不到缩放后梯度的五分之一（两者都已在
+# 上面断言）。传到查询的梯度则是另一回事：不缩放时没有什么把它除以 $\sqrt d$，所以它一开始
+# 更大，直到饱和吃掉它的领先（同样已断言）。
 # 除以 $\sqrt d$ 让评分的方差无论 $d$ 多大都保持为 1，于是在任何宽度下
 # softmax 一开始都是“软”的、可训练的。这就是 `DotProductAttention.forward` 中的那一行
 # `scores = torch.bmm(queries, keys.transpose(1, 2)) / math.sqrt(d)`

@@ -182,6 +182,12 @@ plt.show()
 # | RNN | $O(nd^2)$ | $O(n)$ | $O(n)$ |
 # | self-attention | $O(n^2d)$ | $O(1)$ | $O(1)$ |
 #
+# D2L's $O(n^2d)$ for self-attention counts the scaled dot-product attention alone, on queries,
+# keys and values that are $\mathbf X$ itself. It leaves out the projections $\mathbf W_q,
+# \mathbf W_k, \mathbf W_v, \mathbf W_o$ of a real attention layer, an $O(nd^2)$ term, which
+# the layer measured here has. That term matters: it is where the FLOP crossover with the GRU
+# at $n = d$, below, comes from.
+#
 # We measure each column on `torch.nn.Conv1d` ($d \to d$ channels, $k = 3$, padding $k//2$),
 # `torch.nn.GRU` (input and hidden size $d$) and attnlab's `MultiHeadAttention` used as
 # self-attention (queries = keys = values = $\mathbf X$, 4 heads), all of width $d = 64$.
@@ -247,7 +253,9 @@ for i, n in enumerate(NS):
 # $8nd^2 + 4n^2d - 12nd^2 = 4nd\,(n - d)$: self-attention costs fewer FLOPs than the GRU while
 # $n < d$, exactly as many at $n = d$, and more beyond: $(2d + n)/3d$ times as many, a factor
 # that grows like $n/d$. Within self-attention, the $4n^2d$ of the scores and the weighted sum
-# overtakes the $8nd^2$ of the projections at $n = 2d$. The convolution's $2knd^2 = 6nd^2$ is a
+# overtakes the $8nd^2$ of the projections at $n = 2d$. Without the projections, which D2L's
+# $O(n^2d)$ leaves out, the $4n^2d$ alone would pass the GRU's $12nd^2$ only at $n = 3d$: the
+# crossover at $n = d$ is the projections' doing. The convolution's $2knd^2 = 6nd^2$ is a
 # constant per token.
 
 # %%
@@ -257,6 +265,8 @@ assert torch.equal(torch.sign(att - rnn), torch.sign(ns - D))  # cheaper, equal 
 assert torch.equal(att - rnn, 4 * ns * D * (ns - D))
 quadratic, projections = 4 * ns**2 * D, 8 * ns * D**2
 assert torch.equal(torch.sign(quadratic - projections), torch.sign(ns - 2 * D))  # n²d wins past n = 2d
+# without the projections (D2L's O(n²d)), 4n²d would pass the GRU's 12nd² only at n = 3d, not n = d
+assert torch.equal(torch.sign(quadratic - rnn), torch.sign(ns - 3 * D))
 assert torch.equal(cnn, 2 * K * ns * D**2) and len(set((cnn // ns).tolist())) == 1  # linear in n
 assert torch.equal(att * 3 * D, rnn * (2 * D + ns))  # self-attention / GRU = (2d + n) / 3d
 
@@ -282,8 +292,7 @@ plt.show()
 # × batch, while the convolution and the GRU keep $O(nd)$ bytes. (The $an$ turns out to be five
 # $n\times d$ float32 tensors: the input, the queries, keys and values, and the heads' joined
 # output, which $\mathbf W_o$ keeps.) The GRU keeps more per token than self-attention's $a$, so the
-# memory crosses over at another length than the FLOPs: where $an + bn^2$ passes the GRU's
-# bytes, $n = 3d/h$ for $h$ heads, 48 here, not $n = d$.
+# memory crosses over at another length than the FLOPs; we derive where after the measurement.
 
 
 # %%
@@ -346,6 +355,43 @@ crossover = (gru_per_token - a) / b  # where a·n + b·n² = gru_per_token·n
 assert crossover == 3 * D / HEADS
 assert all((t > g) == (n > crossover) for n, t, g in zip(MEM_NS, total["self-attention"], total["RNN"]))
 print(f"the GRU keeps {gru_per_token} n bytes: more than self-attention below n = {crossover:g}, less above")
+
+# %% [markdown]
+# **Where the memory crosses over.** In the page's symbols, with batch $B$, width $d$, $h$ heads
+# and 4 bytes a float32, the cell above measured (and asserted) that self-attention keeps
+# $an + bn^2$ bytes with $a = 5 \cdot 4dB = 20dB$ and $b = 4hB$, and the GRU keeps $gn$ with
+# $g = 8 \cdot 4dB = 32dB$ (`gru_per_token`). Self-attention keeps more exactly when
+#
+# $$an + bn^2 > gn \iff n > \frac{g - a}{b} = \frac{32dB - 20dB}{4hB} = \frac{3d}{h},$$
+#
+# the batch cancelling; for this page's $d$ and $h$ the cell above printed the value. More
+# heads bring the crossover closer: each head keeps its own $n\times n$ matrix of weights, so
+# $b$ grows with $h$, while $a$ does not (its five tensors are $n\times d$ whatever $h$ is: the
+# heads share out the $d$ columns of the queries, keys and values) and the GRU's $g$ has nothing
+# to do with heads. The cell below measures $a$ and $b$ again for 1, 2, 4 and 8 heads.
+#
+# This counts what PyTorch's CPU implementations of these layers save for backward, so
+# $n = 3d/h$ is this implementation's crossover, not a law: another implementation keeps other
+# tensors and crosses over elsewhere, for example a fused GRU kernel, or an attention kernel
+# that recomputes the weights in the backward pass instead of keeping them (as FlashAttention
+# does).
+
+# %%
+print(f"{'heads h':>7} {'a (bytes)':>10} {'b (bytes)':>10} {'(g - a) / b':>12} {'3d/h':>6}")
+for h in (1, 2, 4, 8):
+    mha_h = MultiHeadAttention(D, h)
+    kept = [
+        saved_bytes(lambda x, f=mha_h: f(x, x, x), torch.randn(B, n, D), list(mha_h.parameters()))[0]
+        for n in MEM_NS
+    ]
+    b_h = (kept[1] * n1 - kept[0] * n2) // (n1 * n2 * (n2 - n1))
+    a_h = (kept[0] - b_h * n1**2) // n1
+    assert all(t == a_h * n + b_h * n**2 for t, n in zip(kept, MEM_NS)), h
+    assert a_h == a and b_h == 4 * h * B, (h, a_h, b_h)  # only the n² term grows with the heads
+    crossover_h = (gru_per_token - a_h) / b_h
+    assert crossover_h == 3 * D / h
+    assert all((t > g) == (n > crossover_h) for n, t, g in zip(MEM_NS, kept, total["RNN"]))
+    print(f"{h:>7} {a_h:>10} {b_h:>10} {crossover_h:>12g} {3 * D / h:>6g}")
 
 # %% [markdown]
 # ### Sequential operations: the depth of the autograd graph
@@ -468,12 +514,14 @@ def conv_layers_needed(n: int, k: int, d: int = 4) -> int:
             return layers_used
 
 
+conv_path: dict[tuple[int, int], int] = {}  # (n, k) -> layers needed
 print(f"{'n':>3} {'k':>2} {'layers needed':>14} {'ceil((n-1)/(k//2))':>19}")
 for n in (8, 16) if FAST else (8, 16, 32):
     for k in (3, 5, 7):
         needed, predicted = conv_layers_needed(n, k), math.ceil((n - 1) / (k // 2))
         print(f"{n:>3} {k:>2} {needed:>14} {predicted:>19}")
         assert needed == predicted, (n, k, needed, predicted)
+        conv_path[n, k] = needed
 
 # %% [markdown]
 # **Self-attention.** One layer connects every output token to every input token: the
@@ -512,6 +560,7 @@ def gru_by_step(gru: nn.GRU, x: torch.Tensor, cut: int | None = None) -> torch.T
     return torch.cat(outputs, dim=1)
 
 
+gru_path: dict[int, int] = {}  # n -> recurrent steps from x_0 to y_{n-1}
 for n in (8, 16):
     gru = nn.GRU(D, D, batch_first=True).double()
     x = torch.randn(1, n, D, dtype=torch.float64, requires_grad=True)
@@ -523,9 +572,54 @@ for n in (8, 16):
         (grad,) = torch.autograd.grad(gru_by_step(gru, x, cut)[0, -1].sum(), x)
         on_every_path += int(grad[0, 0].abs().sum() == 0)
     assert on_every_path == n - 1, (n, on_every_path)
+    gru_path[n] = on_every_path + 1  # x_0 → h_1, then one step past each state on every path
     print(f"n = {n}: cutting any one of the {on_every_path} states h_1 … h_{n - 1} cuts y_{n - 1} off x_0")
 
 # %% [markdown]
+# **Side by side.** The three measurements at the lengths where all three were run, and the
+# same stacking test for self-attention:
+
+
+# %%
+def attention_layers_needed(n: int, d: int = 16) -> int:
+    """The fewest stacked self-attention layers for which ∂y_0/∂x_{n-1} ≠ 0, as for the convolutions."""
+    x = torch.randn(1, n, d, dtype=torch.float64, requires_grad=True)
+    h, layers_used = x, 0
+    while True:
+        mha = MultiHeadAttention(d, HEADS).double().eval()
+        h, layers_used = mha(h, h, h), layers_used + 1
+        (grad,) = torch.autograd.grad(h[0, 0].sum(), x, retain_graph=True)
+        if grad[0, n - 1].abs().sum() > 0:
+            return layers_used
+
+
+PATH_NS = sorted(gru_path)  # the lengths at which the GRU was measured; the convolutions were too
+attention_path = {n: attention_layers_needed(n) for n in PATH_NS}
+print("maximum path length from token 0 to token n-1: layers (the RNN: recurrent steps)")
+print(f"{'n':>3}", *(f"{f'CNN k={k}':>9}" for k in (3, 5, 7)), f"{'RNN':>5}", f"{'self-attention':>15}")
+for n in PATH_NS:
+    print(
+        f"{n:>3}",
+        *(f"{conv_path[n, k]:>9}" for k in (3, 5, 7)),
+        f"{gru_path[n]:>5}",
+        f"{attention_path[n]:>15}",
+    )
+
+# %%
+for n in PATH_NS:
+    cnn_path = [conv_path[n, k] for k in (3, 5, 7)]
+    assert attention_path[n] == 1 < min(cnn_path), n  # self-attention: one layer
+    assert cnn_path == sorted(cnn_path, reverse=True)  # a wider kernel, a shorter path
+    assert max(cnn_path) < gru_path[n] == n, n  # the GRU: n steps, the longest
+short, long = PATH_NS[0], PATH_NS[-1]
+assert attention_path[long] == attention_path[short]  # O(1): the same at every n
+assert gru_path[long] * short == gru_path[short] * long  # O(n): proportional to n
+
+# %% [markdown]
+# In this last table the path through self-attention is one layer at every $n$, the path
+# through the convolutions is $\lceil (n-1)/(k//2) \rceil$ layers, shorter for a wider kernel,
+# and the path through the GRU is $n$ steps, the longest (all asserted).
+#
 # So the table holds, measured: self-attention does the most arithmetic per token once $n > d$,
 # but all of it in parallel, and it links any two tokens directly. That is why the Transformer
 # (D2L 11.7 (zh 10.7)) is built from it. The price is the $n^2$ in its FLOPs and memory.

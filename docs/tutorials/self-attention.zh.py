@@ -175,6 +175,11 @@ plt.show()
 # | 循环神经网络 | $O(nd^2)$ | $O(n)$ | $O(n)$ |
 # | 自注意力 | $O(n^2d)$ | $O(1)$ | $O(1)$ |
 #
+# 书中自注意力的 $O(n^2d)$ 只计入了缩放点积注意力本身，查询、键和值都直接就是 $\mathbf X$。
+# 它略去了真实注意力层中的投影 $\mathbf W_q, \mathbf W_k, \mathbf W_v, \mathbf W_o$，即一个
+# $O(nd^2)$ 项，而这里度量的层有这些投影。这一项并非无关紧要：下面与 GRU 在 $n = d$ 处的浮点
+# 运算交叉点正是由它而来。
+#
 # 我们逐列度量：`torch.nn.Conv1d`（$d \to d$ 个通道，$k = 3$，填充 $k//2$）、`torch.nn.GRU`
 # （输入和隐状态大小都是 $d$），以及用作自注意力的 attnlab `MultiHeadAttention`
 # （查询 = 键 = 值 = $\mathbf X$，4 个头），宽度都是 $d = 64$。（图表和打印中的 CNN、RNN、
@@ -237,8 +242,9 @@ for i, n in enumerate(NS):
 # **$n^2d$ 在哪里超过 $nd^2$。** 自注意力减去 GRU 是
 # $8nd^2 + 4n^2d - 12nd^2 = 4nd\,(n - d)$：$n < d$ 时自注意力的浮点运算比 GRU 少，$n = d$ 时
 # 恰好相等，此后更多，是 GRU 的 $(2d + n)/3d$ 倍，这个倍数像 $n/d$ 一样增长。在自注意力内部，
-# 评分和加权和的 $4n^2d$ 在 $n = 2d$ 处超过投影的 $8nd^2$。卷积的 $2knd^2 = 6nd^2$ 对每个
-# 词元是常数。
+# 评分和加权和的 $4n^2d$ 在 $n = 2d$ 处超过投影的 $8nd^2$。如果没有书中 $O(n^2d)$ 略去的投影，
+# 单靠 $4n^2d$ 要到 $n = 3d$ 才超过 GRU 的 $12nd^2$：交叉点落在 $n = d$，是投影造成的。卷积的
+# $2knd^2 = 6nd^2$ 对每个词元是常数。
 
 # %%
 att, rnn, cnn = (torch.tensor(flops[name]) for name in ("self-attention", "RNN", "CNN"))
@@ -247,6 +253,8 @@ assert torch.equal(torch.sign(att - rnn), torch.sign(ns - D))  # cheaper, equal 
 assert torch.equal(att - rnn, 4 * ns * D * (ns - D))
 quadratic, projections = 4 * ns**2 * D, 8 * ns * D**2
 assert torch.equal(torch.sign(quadratic - projections), torch.sign(ns - 2 * D))  # n²d wins past n = 2d
+# without the projections (D2L's O(n²d)), 4n²d would pass the GRU's 12nd² only at n = 3d, not n = d
+assert torch.equal(torch.sign(quadratic - rnn), torch.sign(ns - 3 * D))
 assert torch.equal(cnn, 2 * K * ns * D**2) and len(set((cnn // ns).tolist())) == 1  # linear in n
 assert torch.equal(att * 3 * D, rnn * (2 * D + ns))  # self-attention / GRU = (2d + n) / 3d
 
@@ -270,8 +278,7 @@ plt.show()
 # 恰好是 $an + bn^2$，其中 $b$ = 4 字节（float32）× 头数 × 批量大小，而卷积和 GRU 只保存
 # $O(nd)$ 字节。（结果 $an$ 是五个 $n\times d$ 的 float32 张量：输入，查询、键和值，以及
 # $\mathbf W_o$ 保存的各头拼接后的输出。）GRU 每个词元保存的字节比自注意力的 $a$ 多，所以内存
-# 的交叉点与浮点运算次数的不同：$an + bn^2$ 超过 GRU 的字节数处是 $n = 3d/h$（$h$ 为头数），
-# 这里是 48，而不是 $n = d$。
+# 的交叉点与浮点运算次数的不同；度量之后我们再推导它在哪里。
 
 
 # %%
@@ -334,6 +341,40 @@ crossover = (gru_per_token - a) / b  # where a·n + b·n² = gru_per_token·n
 assert crossover == 3 * D / HEADS
 assert all((t > g) == (n > crossover) for n, t, g in zip(MEM_NS, total["self-attention"], total["RNN"]))
 print(f"the GRU keeps {gru_per_token} n bytes: more than self-attention below n = {crossover:g}, less above")
+
+# %% [markdown]
+# **内存的交叉点在哪里。** 用本页的记号，批量大小为 $B$、宽度为 $d$、头数为 $h$，float32 每个
+# 元素 4 字节。上面的单元格度量（并断言）了：自注意力保存 $an + bn^2$ 字节，其中
+# $a = 5 \cdot 4dB = 20dB$，$b = 4hB$；GRU 保存 $gn$ 字节，其中 $g = 8 \cdot 4dB = 32dB$
+# （即 `gru_per_token`）。自注意力保存得更多，当且仅当
+#
+# $$an + bn^2 > gn \iff n > \frac{g - a}{b} = \frac{32dB - 20dB}{4hB} = \frac{3d}{h},$$
+#
+# 批量大小被约去；本页的 $d$ 和 $h$ 对应的值已由上面的单元格打印。头越多，交叉点越靠前：每个头
+# 各保存一个 $n\times n$ 的权重矩阵，所以 $b$ 随 $h$ 增大；而 $a$ 不变（无论 $h$ 是多少，那五个
+# 张量都是 $n\times d$ 的：各头只是分摊查询、键和值的 $d$ 列），GRU 的 $g$ 也与头数无关。下面的
+# 单元格对 1、2、4、8 个头重新度量 $a$ 和 $b$。
+#
+# 这里统计的是 PyTorch 在 CPU 上的这些层的实现为反向传播保存的张量，所以 $n = 3d/h$ 是这一实现
+# 的交叉点，而不是定律：换一种实现，保存的张量不同，交叉点也就不同，例如融合的 GRU 内核，或在
+# 反向传播时重新计算注意力权重而不保存它们的注意力内核（FlashAttention 就是这样做的）。
+
+# %%
+print(f"{'heads h':>7} {'a (bytes)':>10} {'b (bytes)':>10} {'(g - a) / b':>12} {'3d/h':>6}")
+for h in (1, 2, 4, 8):
+    mha_h = MultiHeadAttention(D, h)
+    kept = [
+        saved_bytes(lambda x, f=mha_h: f(x, x, x), torch.randn(B, n, D), list(mha_h.parameters()))[0]
+        for n in MEM_NS
+    ]
+    b_h = (kept[1] * n1 - kept[0] * n2) // (n1 * n2 * (n2 - n1))
+    a_h = (kept[0] - b_h * n1**2) // n1
+    assert all(t == a_h * n + b_h * n**2 for t, n in zip(kept, MEM_NS)), h
+    assert a_h == a and b_h == 4 * h * B, (h, a_h, b_h)  # only the n² term grows with the heads
+    crossover_h = (gru_per_token - a_h) / b_h
+    assert crossover_h == 3 * D / h
+    assert all((t > g) == (n > crossover_h) for n, t, g in zip(MEM_NS, kept, total["RNN"]))
+    print(f"{h:>7} {a_h:>10} {b_h:>10} {crossover_h:>12g} {3 * D / h:>6g}")
 
 # %% [markdown]
 # ### 顺序操作：自动微分图的深度
@@ -451,12 +492,14 @@ def conv_layers_needed(n: int, k: int, d: int = 4) -> int:
             return layers_used
 
 
+conv_path: dict[tuple[int, int], int] = {}  # (n, k) -> layers needed
 print(f"{'n':>3} {'k':>2} {'layers needed':>14} {'ceil((n-1)/(k//2))':>19}")
 for n in (8, 16) if FAST else (8, 16, 32):
     for k in (3, 5, 7):
         needed, predicted = conv_layers_needed(n, k), math.ceil((n - 1) / (k // 2))
         print(f"{n:>3} {k:>2} {needed:>14} {predicted:>19}")
         assert needed == predicted, (n, k, needed, predicted)
+        conv_path[n, k] = needed
 
 # %% [markdown]
 # **自注意力。** 一层就把每个输出词元与每个输入词元连了起来：雅可比矩阵的块
@@ -493,6 +536,7 @@ def gru_by_step(gru: nn.GRU, x: torch.Tensor, cut: int | None = None) -> torch.T
     return torch.cat(outputs, dim=1)
 
 
+gru_path: dict[int, int] = {}  # n -> recurrent steps from x_0 to y_{n-1}
 for n in (8, 16):
     gru = nn.GRU(D, D, batch_first=True).double()
     x = torch.randn(1, n, D, dtype=torch.float64, requires_grad=True)
@@ -504,9 +548,52 @@ for n in (8, 16):
         (grad,) = torch.autograd.grad(gru_by_step(gru, x, cut)[0, -1].sum(), x)
         on_every_path += int(grad[0, 0].abs().sum() == 0)
     assert on_every_path == n - 1, (n, on_every_path)
+    gru_path[n] = on_every_path + 1  # x_0 → h_1, then one step past each state on every path
     print(f"n = {n}: cutting any one of the {on_every_path} states h_1 … h_{n - 1} cuts y_{n - 1} off x_0")
 
 # %% [markdown]
+# **并排比较。** 把三种层都度量过的长度上的结果放在一起，自注意力也用同样的堆叠方法检验：
+
+
+# %%
+def attention_layers_needed(n: int, d: int = 16) -> int:
+    """The fewest stacked self-attention layers for which ∂y_0/∂x_{n-1} ≠ 0, as for the convolutions."""
+    x = torch.randn(1, n, d, dtype=torch.float64, requires_grad=True)
+    h, layers_used = x, 0
+    while True:
+        mha = MultiHeadAttention(d, HEADS).double().eval()
+        h, layers_used = mha(h, h, h), layers_used + 1
+        (grad,) = torch.autograd.grad(h[0, 0].sum(), x, retain_graph=True)
+        if grad[0, n - 1].abs().sum() > 0:
+            return layers_used
+
+
+PATH_NS = sorted(gru_path)  # the lengths at which the GRU was measured; the convolutions were too
+attention_path = {n: attention_layers_needed(n) for n in PATH_NS}
+print("maximum path length from token 0 to token n-1: layers (the RNN: recurrent steps)")
+print(f"{'n':>3}", *(f"{f'CNN k={k}':>9}" for k in (3, 5, 7)), f"{'RNN':>5}", f"{'self-attention':>15}")
+for n in PATH_NS:
+    print(
+        f"{n:>3}",
+        *(f"{conv_path[n, k]:>9}" for k in (3, 5, 7)),
+        f"{gru_path[n]:>5}",
+        f"{attention_path[n]:>15}",
+    )
+
+# %%
+for n in PATH_NS:
+    cnn_path = [conv_path[n, k] for k in (3, 5, 7)]
+    assert attention_path[n] == 1 < min(cnn_path), n  # self-attention: one layer
+    assert cnn_path == sorted(cnn_path, reverse=True)  # a wider kernel, a shorter path
+    assert max(cnn_path) < gru_path[n] == n, n  # the GRU: n steps, the longest
+short, long = PATH_NS[0], PATH_NS[-1]
+assert attention_path[long] == attention_path[short]  # O(1): the same at every n
+assert gru_path[long] * short == gru_path[short] * long  # O(n): proportional to n
+
+# %% [markdown]
+# 在最后这张表中，经过自注意力的路径在每个 $n$ 上都是一层；经过卷积的路径是
+# $\lceil (n-1)/(k//2) \rceil$ 层，卷积核越宽越短；经过 GRU 的路径是 $n$ 步，最长（都已断言）。
+#
 # 这张表经度量得到印证：$n > d$ 之后，自注意力每个词元的计算量最大，但全部可以并行，而且
 # 任意两个词元之间直接相连。这就是 Transformer（10.7 节）以它为基础的原因。代价是其浮点运算
 # 和内存中的 $n^2$。

@@ -19,7 +19,8 @@ from torch.utils.data import DataLoader
 from torchmetrics import MeanMetric
 from torchmetrics.classification import MulticlassAccuracy
 
-from attnlab.analysis.viz import heatmap_grid
+from attnlab.analysis.explorer import translation_epoch, translation_explorer, write_explorer
+from attnlab.analysis.viz import KindMaps, SentenceMaps, heatmap_grid
 from attnlab.vision.data import load_image_splits
 from attnlab.vision.vit import VisionTransformer, build_image_net
 
@@ -101,12 +102,61 @@ class ClassificationModule(pl.LightningModule):
 
     def figures(self, net: torch.nn.Module, folder: Path) -> list[Path]:
         """A ViT's class-token attention over the patches, last layer, every head, for each kept
-        val image (:func:`class_token_figures`), in ``<folder>/attention``;
+        val image (:func:`class_token_figures`), in ``<folder>/attention``, and the attention
+        explorer of every layer and head (:func:`vit_explorer`) in ``<folder>/explorer.html``;
         a CNN has no attention: none."""
         if not isinstance(net, VisionTransformer) or self.figure_images is None:
             return []
         images, labels = self.figure_images
-        return class_token_figures(net, images, labels, Path(folder) / "attention")
+        pngs = class_token_figures(net, images, labels, Path(folder) / "attention")
+        title = "Vision Transformer, D2L 11.8 (no zh section): self-attention over [CLS] and the patches"
+        page = vit_explorer(net, images, labels, title, epoch=max(self.current_epoch, 1))
+        return [*pngs, write_explorer(Path(folder) / "explorer.html", page)]
+
+
+def patch_tokens(grid: int) -> list[str]:
+    """The token labels of a ViT's sequence: ``[CLS]``, then each patch as ``row,column``
+    (0-based, row-major, as :class:`attnlab.vision.vit.PatchEmbedding` orders them)."""
+    return ["[CLS]", *(f"{r},{c}" for r in range(grid) for c in range(grid))]
+
+
+def vit_explorer(
+    net: VisionTransformer, images: torch.Tensor, labels: torch.Tensor, title: str, epoch: int = 1
+) -> str:
+    """The attention explorer page (:func:`attnlab.analysis.explorer.translation_explorer`) of a
+    ViT's self-attention: one entry per image ("val image i, label y" → "predicted ŷ"), the kind
+    ``encoder_self`` with every layer and head over the class token and the patches
+    (:func:`patch_tokens`), weights from :meth:`VisionTransformer.attention_weights`.
+
+    Args:
+        images: (N, C, H, W) float32; labels: (N,) int64; epoch: the epochs trained (one slider
+            position, labelled "trained").
+    """
+    was_training = net.training
+    net.eval()
+    with torch.no_grad():
+        layers = net.attention_weights(images)  # each (N, H, 1 + P, 1 + P)
+        predicted = net(images).argmax(-1)
+    net.train(was_training)
+    tokens = patch_tokens(net.patch_embedding.grid)
+    maps = [
+        SentenceMaps(
+            sentence=f"val image {i}, label {int(labels[i])}",
+            translation=f"predicted {int(predicted[i])}",
+            kinds={
+                "encoder_self": KindMaps(
+                    "encoder_self",
+                    [w[i].float().cpu() for w in layers],
+                    tokens,
+                    tokens,
+                    "class token and patches (keys)",
+                    "class token and patches (queries)",
+                )
+            },
+        )
+        for i in range(len(images))
+    ]
+    return translation_explorer([translation_epoch(maps, epoch, label="trained")], title)
 
 
 def class_token_figures(

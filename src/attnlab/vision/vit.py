@@ -106,19 +106,25 @@ class VisionTransformer(nn.Module):
         return self.head(self.encode(X)[:, 0])  # the class token's output → (B, num_classes)
 
     @torch.no_grad()
+    def attention_weights(self, X: torch.Tensor) -> list[torch.Tensor]:
+        """Every block's self-attention weights, bottom first: each (B, num_heads, 1 + N, 1 + N)
+        float32 over the class token (position 0) and the N patches in row-major order; each row
+        sums to 1."""
+        self.encode(X, need_weights=True)
+        maps = []
+        for blk in self._blocks():
+            w = blk.attention.attention_weights
+            assert w is not None
+            maps.append(w)
+        return maps
+
     def class_token_attention(self, X: torch.Tensor) -> list[torch.Tensor]:
         """The class token's attention over the patches, per layer (bottom first): each
         (B, num_heads, g, g) float32, g = image_size / patch_size, laid out like the image.
         Each head's weights over the class token and the patches sum to 1; the weight on the
         class token itself is left out."""
-        self.encode(X, need_weights=True)
         g = self.patch_embedding.grid
-        maps = []
-        for blk in self._blocks():
-            w = blk.attention.attention_weights  # (B, H, 1 + N, 1 + N)
-            assert w is not None
-            maps.append(w[:, :, 0, 1:].reshape(w.shape[0], w.shape[1], g, g))
-        return maps
+        return [w[:, :, 0, 1:].reshape(w.shape[0], w.shape[1], g, g) for w in self.attention_weights(X)]
 
 
 class SmallCNN(nn.Module):

@@ -1,0 +1,76 @@
+"""benchmarks/scoring_throughput.py: its hand-counted multiply-adds, and the results file it writes
+(results/scoring_speed.csv), read back by scripts/results_tables.py. No timing is asserted."""
+
+import importlib.util
+import json
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _load(path: Path, name: str):
+    spec = importlib.util.spec_from_file_location(name, path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+bench = _load(ROOT / "benchmarks" / "scoring_throughput.py", "scoring_throughput")
+rt = _load(ROOT / "scripts" / "results_tables.py", "results_tables_for_benchmarks")
+
+
+def test_multiply_adds_are_counted_as_by_hand():
+    # B=2, Q=1, K=3, d=h=4, keys projected once per sentence (Bahdanau's decoder step):
+    # additive W_q q 2·1·4·4 = 32, w_vᵀ tanh 2·1·3·4 = 24, weights × values 2·1·3·4 = 24 → 80;
+    # dot Q Kᵀ 24 + weights × values 24 → 48
+    assert bench.layer_macs(2, 1, 3, 4, 4, keys_projected=True) == {"additive": 80, "dot": 48}
+    # every position a query (Q = K = 3), keys projected in the layer: + W_k k 2·3·4·4 = 96 and
+    # W_q q 96, w_v 2·3·3·4 = 72, weights × values 72 → 336; dot 72 + 72 = 144
+    assert bench.layer_macs(2, 3, 3, 4, 4, keys_projected=False) == {"additive": 336, "dot": 144}
+
+
+def test_the_benchmark_records_rows_the_results_tables_render(tmp_path, capsys):
+    (tmp_path / "results").mkdir()
+    path = tmp_path / rt.SPEED_CSV
+    args = ["--batch", "2", "--len", "4", "--d", "8", "--vocab", "50", "--rounds", "1", "--steps", "1"]
+    result = bench.main([*args, "--record", str(path), "--machine", "xeon-amx", "--concurrent", "pytest"])
+    assert json.loads(capsys.readouterr().out.splitlines()[-1])["bahdanau_train_step"] == pytest.approx(
+        result["bahdanau_train_step"]
+    )
+    bench.main([*args, "--record", str(path), "--machine", "xeon-amx"])  # appends, one header
+    assert bench.RECORD_COLUMNS == rt.SPEED_COLUMNS
+    rows = rt._speed(tmp_path)
+    assert [r["case"] for r in rows] == [*bench.CASES, *bench.CASES]
+    first = rows[0]
+    assert (first["machine"], first["concurrent"], first["batch"], first["len"], first["d"]) == (
+        "xeon-amx", "pytest", "2", "4", "8",
+    )  # fmt: skip
+    assert float(first["time_ratio"]) == pytest.approx(
+        float(first["additive_ms"]) / float(first["dot_ms"]), rel=1e-3
+    )
+    # Bahdanau with dot scoring has no attention parameters: W_q, W_k (h × h) and w_v (h) fewer
+    h = 256  # conf/model/bahdanau.yaml's num_hiddens
+    step = result["bahdanau_train_step"]
+    assert step["additive_params"] - step["dot_params"] == 2 * h * h + h
+    page = rt.render_index([], [], speed=rows)
+    assert "### Additive against dot-product scoring: time" in page
+    assert f"| {rt.SPEED_CASES['layer_one_query']} | 2 × 4, d 8 |" in page
+
+
+def test_a_malformed_speed_file_stops_the_generator(tmp_path):
+    (tmp_path / "results").mkdir()
+    path = tmp_path / rt.SPEED_CSV
+    good = {**dict.fromkeys(rt.SPEED_COLUMNS, "1"), "case": "layer_one_query"}
+    rt.write_csv(path, rt.SPEED_COLUMNS, [{**good, "case": "warp"}])
+    with pytest.raises(ValueError, match=r"scoring_speed.csv:2: case 'warp' is none of"):
+        rt._speed(tmp_path)
+    rt.write_csv(path, rt.SPEED_COLUMNS, [good, {**good, "dot_ms": "0"}])
+    with pytest.raises(ValueError, match=r"scoring_speed.csv:3: dot_ms '0' is no positive number"):
+        rt._speed(tmp_path)
+    rt.write_csv(path, ["case", "ms"], [])
+    with pytest.raises(ValueError, match="columns"):
+        rt._speed(tmp_path)
+    with pytest.raises(ValueError, match="expected"):
+        bench.record({}, path, "xeon-amx", "nothing")  # a file of other columns is not appended to
