@@ -30,7 +30,6 @@ one row per case to that results file (``scripts/results_tables.py`` renders it)
 from __future__ import annotations
 
 import argparse
-import csv
 import datetime
 import json
 import statistics
@@ -42,6 +41,7 @@ from pathlib import Path
 import torch
 from omegaconf import OmegaConf
 
+from attnlab.analysis.provenance import append_rows
 from attnlab.data.special_tokens import BOS_ID, PAD_ID
 from attnlab.loss import sequence_loss
 from attnlab.models.attention import AdditiveAttention, DotProductAttention
@@ -165,29 +165,17 @@ def record(result: dict, path: Path, machine: str, concurrent: str) -> None:
     ).stdout.strip()
     dirty = subprocess.run(["git", "status", "--porcelain", "--", "src", "benchmarks"], cwd=ROOT,
                            capture_output=True, text=True, check=True).stdout.strip()  # fmt: skip
-    new = not path.exists() or path.stat().st_size == 0
-    if not new:
-        with path.open(newline="", encoding="utf-8") as f:
-            header = next(csv.reader(f))
-        if header != RECORD_COLUMNS:
-            raise ValueError(f"{path}: columns {header}, expected {RECORD_COLUMNS}")
     run = f"{commit}-{machine}-{datetime.datetime.now(datetime.UTC):%Y%m%dT%H%M}"
-    with path.open("a", newline="", encoding="utf-8") as f:
-        writer = csv.DictWriter(f, RECORD_COLUMNS, lineterminator="\n")
-        if new:
-            writer.writeheader()
-        for case in CASES:
-            r = result[case]
-            writer.writerow({
-                "run": run, "commit": commit, "date": f"{datetime.date.today():%Y-%m-%d}",
-                "machine": machine, "threads": result["threads"], "concurrent": concurrent, "case": case,
-                "batch": result["batch"], "len": result["len"], "d": result["d"],
-                "additive_ms": f"{r['additive_ms']:.4f}", "dot_ms": f"{r['dot_ms']:.4f}",
-                "time_ratio": f"{r['time_ratio']:.4f}",
-                "macs_ratio": f"{r['macs_ratio']:.4f}" if "macs_ratio" in r else "",
-                "source": "benchmarks/scoring_throughput.py --record"
-                + (" (src/ or benchmarks/ had uncommitted changes)" if dirty else ""),
-            })  # fmt: skip
+    append_rows(path, RECORD_COLUMNS, ({
+        "run": run, "commit": commit, "date": f"{datetime.date.today():%Y-%m-%d}",
+        "machine": machine, "threads": result["threads"], "concurrent": concurrent, "case": case,
+        "batch": result["batch"], "len": result["len"], "d": result["d"],
+        "additive_ms": f"{result[case]['additive_ms']:.4f}", "dot_ms": f"{result[case]['dot_ms']:.4f}",
+        "time_ratio": f"{result[case]['time_ratio']:.4f}",
+        "macs_ratio": f"{result[case]['macs_ratio']:.4f}" if "macs_ratio" in result[case] else "",
+        "source": "benchmarks/scoring_throughput.py --record"
+        + (" (src/ or benchmarks/ had uncommitted changes)" if dirty else ""),
+    } for case in CASES))  # fmt: skip
 
 
 def main(argv: list[str] | None = None) -> dict:

@@ -54,6 +54,14 @@ SPEED_COLUMNS = [
     "run", "commit", "date", "machine", "threads", "concurrent", "case", "batch", "len", "d",
     "additive_ms", "dot_ms", "time_ratio", "macs_ratio", "source",
 ]  # fmt: skip
+# A corpus's size against tokenize and training time and memory (benchmarks/corpus_scale.py
+# --record): one row per corpus size of a run; optional
+SCALE_CSV = Path("results/corpus_scale.csv")
+SCALE_COLUMNS = [
+    "run", "commit", "date", "machine", "cpu_flags", "concurrent", "pairs", "tokenize_s",
+    "tokenize_pairs_per_s", "tokenize_rss_mb", "first_batch_s", "train_rss_mb", "loader_batches_per_s",
+    "model_step_ms", "spm_sample", "max_tokens", "source",
+]  # fmt: skip
 SPEED_CASES = {
     "layer_one_query": "the layer, one query (a decoder step)",
     "layer_all_queries": "the layer, every position a query",
@@ -438,6 +446,26 @@ def speed_rows(speed: Sequence[dict[str, str]]) -> list[list[str]]:
     ]  # fmt: skip
 
 
+def scale_rows(scale: Sequence[dict[str, str]]) -> list[list[str]]:
+    """One row per row of ``results/corpus_scale.csv``; each peak RSS also as a ratio to the
+    smallest corpus of the same run."""
+    smallest: dict[str, dict[str, str]] = {}
+    for r in scale:
+        if r["run"] not in smallest or int(r["pairs"]) < int(smallest[r["run"]]["pairs"]):
+            smallest[r["run"]] = r
+
+    def rss(r: dict[str, str], column: str) -> str:
+        return f"{float(r[column]):.0f} (×{float(r[column]) / float(smallest[r['run']][column]):.2f})"
+
+    return [
+        [f"{int(r['pairs']):,}", f"{float(r['tokenize_s']):.1f}", f"{float(r['tokenize_pairs_per_s']):,.0f}",
+         rss(r, "tokenize_rss_mb"), f"{float(r['first_batch_s']):.2f}", rss(r, "train_rss_mb"),
+         f"{float(r['loader_batches_per_s']):,.0f}", f"{float(r['model_step_ms']):,.0f}",
+         f"`{r['commit']}`", f"{r['machine']} ({r['cpu_flags']})", r["concurrent"]]
+        for r in scale
+    ]  # fmt: skip
+
+
 def render_index(
     runs: Sequence[dict[str, str]],
     machines: Sequence[dict[str, str]],
@@ -445,6 +473,7 @@ def render_index(
     images: Sequence[dict[str, str]] = (),
     history: Sequence[dict[str, str]] = (),
     speed: Sequence[dict[str, str]] = (),
+    scale: Sequence[dict[str, str]] = (),
 ) -> str:
     lines = [
         GENERATED,
@@ -535,6 +564,26 @@ def render_index(
                 ["what is timed", "batch", "additive (ms)", "dot (ms)", "additive / dot",
                  "multiply-adds, additive / dot", "commit", "machine (threads)", "beside it"],
                 speed_rows(speed),
+            ),
+            "",
+        ]  # fmt: skip
+    if scale:
+        lines += [
+            "### Corpus size: time and memory",
+            "",
+            "`benchmarks/corpus_scale.py` writes synthetic corpora of each size (a fixed-seed "
+            "generator), runs the tokenize stage on each, then the first training steps of the "
+            "a tiny Transformer (d_model 64, 2 heads, 1+1 layers) on its output "
+            "(`results/corpus_scale.csv`). Peak RSS is the "
+            "process's `ru_maxrss` in MiB, with its ratio to the smallest corpus of the same run; "
+            "the data loader's batches per second stand beside the model's own step time. "
+            "See [Train on your own corpus](../how-to/own-corpus.md).",
+            "",
+            *_table(
+                ["pairs", "tokenize (s)", "tokenize (pairs/s)", "tokenize peak RSS", "first batch (s)",
+                 "training peak RSS", "loader (batches/s)", "model step (ms)", "commit", "machine (CPU)",
+                 "beside it"],
+                scale_rows(scale),
             ),
             "",
         ]  # fmt: skip
@@ -630,22 +679,27 @@ def ablation_baseline(runs: Sequence[dict[str, str]], r: dict[str, str]) -> dict
     test score; or None."""
     recipe, switch = split_ablation(r["recipe"])
     tokens = set(switch.split())
-    seeded = lambda switches: any(t.startswith("seed=") for t in switches)  # another seed: vs the default
-    extended = [
-        b
-        for b in runs
-        if b["profile"] == ABLATION
-        and not seeded(tokens)
-        and not seeded(split_ablation(b["recipe"])[1].split())
-        and b is not r
-        and b["model"] == r["model"]
-        and _same_setting(b, r)
-        and b.get("test_2016_flickr_bleu")
-        and split_ablation(b["recipe"])[0] == recipe
-        and set(split_ablation(b["recipe"])[1].split()) < tokens
-    ]
+
+    def seeded(switches: set[str]) -> bool:  # another seed: compared with the default
+        return any(t.startswith("seed=") for t in switches)
+
+    extended = []  # (its switches, the run)
+    if not seeded(tokens):
+        for b in runs:
+            if b["profile"] != ABLATION or b is r or b["model"] != r["model"]:
+                continue
+            b_recipe, b_switch = split_ablation(b["recipe"])
+            b_tokens = set(b_switch.split())
+            if (
+                b_recipe == recipe
+                and b_tokens < tokens
+                and not seeded(b_tokens)
+                and _same_setting(b, r)
+                and b.get("test_2016_flickr_bleu")
+            ):
+                extended.append((b_tokens, b))
     if extended:
-        return max(extended, key=lambda b: len(split_ablation(b["recipe"])[1].split()))
+        return max(extended, key=lambda pair: len(pair[0]))[1]
     model = ABLATED.get(r["model"], r["model"])
     same = [
         b
@@ -911,18 +965,30 @@ def _by_length(root: Path) -> list[dict[str, str]]:
     return read_csv(path)[1] if path.exists() else []
 
 
+def _optional_rows(root: Path, name: str, columns: list[str]) -> list[dict[str, str]]:
+    """The rows of the results file ``root/name`` ([] without it).
+
+    Raises:
+        ValueError: its columns are not ``columns``.
+    """
+    path = root / name
+    if not path.exists():
+        return []
+    found, rows = read_csv(path)
+    if found != columns:
+        raise ValueError(f"{name}: columns {found}, expected {columns}")
+    return rows
+
+
 def _history(root: Path) -> list[dict[str, str]]:
     """The rows of results/ablation_history.csv ([] without it).
 
     Raises:
         ValueError: its columns are not :data:`HISTORY_COLUMNS`, or a run id that runs.csv lacks.
     """
-    path = root / HISTORY_CSV
-    if not path.exists():
+    rows = _optional_rows(root, HISTORY_CSV, HISTORY_COLUMNS)
+    if not rows:
         return []
-    columns, rows = read_csv(path)
-    if columns != HISTORY_COLUMNS:
-        raise ValueError(f"{HISTORY_CSV}: columns {columns}, expected {HISTORY_COLUMNS}")
     known = {r["mlflow_run_id"] for r in read_csv(root / RUNS_CSV)[1]}
     for i, r in enumerate(rows, 2):
         if r["mlflow_run_id"] not in known:
@@ -936,12 +1002,7 @@ def _images(root: Path) -> list[dict[str, str]]:
     Raises:
         ValueError: its columns are not :data:`IMAGE_COLUMNS`, or a row's accuracy is no number.
     """
-    path = root / IMAGES_CSV
-    if not path.exists():
-        return []
-    columns, rows = read_csv(path)
-    if columns != IMAGE_COLUMNS:
-        raise ValueError(f"{IMAGES_CSV}: columns {columns}, expected {IMAGE_COLUMNS}")
+    rows = _optional_rows(root, IMAGES_CSV, IMAGE_COLUMNS)
     for i, r in enumerate(rows, 2):
         try:
             float(r["test_accuracy"])
@@ -957,12 +1018,7 @@ def _speed(root: Path) -> list[dict[str, str]]:
         ValueError: its columns are not :data:`SPEED_COLUMNS`, a case not in :data:`SPEED_CASES`,
             or a time that is no positive number.
     """
-    path = root / SPEED_CSV
-    if not path.exists():
-        return []
-    columns, rows = read_csv(path)
-    if columns != SPEED_COLUMNS:
-        raise ValueError(f"{SPEED_CSV}: columns {columns}, expected {SPEED_COLUMNS}")
+    rows = _optional_rows(root, SPEED_CSV, SPEED_COLUMNS)
     for i, r in enumerate(rows, 2):
         if r["case"] not in SPEED_CASES:
             raise ValueError(f"{SPEED_CSV}:{i}: case {r['case']!r} is none of {', '.join(SPEED_CASES)}")
@@ -973,9 +1029,27 @@ def _speed(root: Path) -> list[dict[str, str]]:
     return rows
 
 
+def _scale(root: Path) -> list[dict[str, str]]:
+    """The rows of results/corpus_scale.csv ([] without it).
+
+    Raises:
+        ValueError: its columns are not :data:`SCALE_COLUMNS`, or a figure that is no positive
+            number.
+    """
+    rows = _optional_rows(root, SCALE_CSV, SCALE_COLUMNS)
+    for i, r in enumerate(rows, 2):
+        for column in ("pairs", "tokenize_s", "tokenize_rss_mb", "train_rss_mb", "loader_batches_per_s"):
+            value = _number(r[column])
+            if value is None or value <= 0:
+                raise ValueError(f"{SCALE_CSV}:{i}: {column} {r[column]!r} is no positive number")
+    return rows
+
+
 def _docs(root: Path, runs: Sequence[dict[str, str]], machines: Sequence[dict[str, str]]) -> dict[Path, str]:
     """The pages under docs/results/ → their text, from the CSVs under ``root``."""
-    index = render_index(runs, machines, _by_length(root), _images(root), _history(root), _speed(root))
+    index = render_index(
+        runs, machines, _by_length(root), _images(root), _history(root), _speed(root), _scale(root)
+    )
     return {
         INDEX_MD: index,
         RUNS_MD: render_runs(runs, machines),

@@ -3,7 +3,8 @@
 What is measured is the model's task's (conf/model/<model>.yaml `task.evaluate`, in
 attnlab.inference.evaluation). Seq2seq models: beam search (model.decoding: beam_size, alpha) over the
 test split on the device that `device` names (conf/device/*.yaml, one process), detokenized, scored with
-sacreBLEU (corpus BLEU cased 13a, lowercased BLEU, chrF); the translations go to
+sacreBLEU (corpus BLEU cased, lowercased BLEU, chrF; BLEU's tokenizer follows data.tgt_lang:
+zh, ja-mecab, ko-mecab, else 13a, or data.bleu_tokenize); the translations go to
 metrics/<model>.hyp.txt. metrics/<model>.json also says what was measured, as MT papers
 report it: corpus, src_lang, tgt_lang, test_set, the decoding settings and the sacreBLEU
 signatures. The further test splits of data.more_test_splits (Multi30k: test_2017_flickr) are

@@ -1,7 +1,8 @@
 """DVC stage `head_importance`: how much each attention head of the trained Transformer matters.
 
 Michel et al. 2019 ("Are Sixteen Heads Really Better than One?"): validation BLEU (greedy,
-sacreBLEU, the first `head_importance.sentences` val sentences) with each head masked alone at
+sacreBLEU with the tokenizer of data.tgt_lang or data.bleu_tokenize, the first
+`head_importance.sentences` val sentences) with each head masked alone at
 inference, and as heads are pruned one by one, least important first (attnlab.analysis.pruning). Writes
 metrics/<model>.heads.json (BLEU unmasked and with half the heads pruned),
 plots/heads/<model>/ (importance.json, the whole result; importance.csv and pruning.csv for
@@ -25,7 +26,7 @@ from attnlab.data.corpora import read_lines
 from attnlab.data.tokenizer import load_sentencepiece
 from attnlab.files import write_json_atomic, write_text_atomic
 from attnlab.inference.decoding import translate_text
-from attnlab.metrics import corpus_scores
+from attnlab.metrics import bleu_tokenizer, corpus_scores
 from attnlab.tracking.store import log_to_run, prepare_store, read_run_record
 
 BATCH_SIZE = 128
@@ -43,6 +44,7 @@ def _csv(rows: list[dict]) -> str:
 def main(cfg: DictConfig) -> None:
     logs.setup()
     name = cfg.model.name
+    tokenize = bleu_tokenizer(cfg.data.tgt_lang, cfg.data.get("bleu_tokenize"))
     record = read_run_record(Path(cfg.paths.runs) / f"{name}.json", name)
     prepare_store(record["tracking_uri"], cfg.mlflow.artifact_location)
     net = load_net(record["checkpoint"], expected_kind=name).eval()
@@ -52,14 +54,14 @@ def main(cfg: DictConfig) -> None:
 
     def bleu() -> float:
         hyps = translate_text(net.init_state, net.step, tokenizer, sources, batch_size=BATCH_SIZE)
-        return corpus_scores(hyps, references)["bleu"]
+        return corpus_scores(hyps, references, tokenize)["bleu"]
 
     try:
         result = head_importance(net, bleu)
     except ValueError as e:
         raise SystemExit(f"head_importance failed: {e}") from None
     half = result["pruning"][len(result["pruning"]) // 2]
-    result |= {"score_name": "val BLEU (greedy, sacreBLEU)", "num_sentences": len(sources)}
+    result |= {"score_name": f"val BLEU (greedy, sacreBLEU, tok:{tokenize})", "num_sentences": len(sources)}
     out = Path(cfg.paths.root) / "plots" / "heads" / name
     write_json_atomic(out / "importance.json", result)
     write_json_atomic(

@@ -1,9 +1,11 @@
 """DVC stage `tokenize`: corpus text → a tokenizer and token-id arrays.
 
-Sentencepiece corpora (data=multi30k, data=fra_eng) write to
-data/tokenized/<corpus>-<src>-<tgt>/: spm.model, spm.vocab, <split>.npz (token ids) for
-train, val, test and any further test split of data.splits (Multi30k: test_2017),
-<split>.{src,tgt}.txt (normalized text) for all but train, and stats.json.
+Sentencepiece corpora (data=multi30k, data=fra_eng, data=parallel) write to
+data/tokenized/<corpus>-<src>-<tgt>/: spm.model, spm.vocab, the token ids of train, val, test and
+any further test split of data.splits (Multi30k: test_2017) as <split>.{src,tgt}.ids.npy (int32)
+and <split>.{src,tgt}.offsets.npy (int64, N+1), which training memory-maps,
+<split>.{src,tgt}.txt (normalized text) for all but train, and stats.json. The corpus is
+streamed (attnlab.data.tokenizer.tokenize_sentencepiece): memory does not grow with its size.
 Training pairs with an empty side, or with data.max_len or more tokens on a
 side, are dropped (attnlab.data.tokenizer.filter_pairs); val and the test splits keep every
 pair so they stay aligned with their references. stats.json and the printout
@@ -39,7 +41,9 @@ def main(cfg: DictConfig) -> None:
             "`tokenize: attnlab.data.tokenizer.tokenize_sentencepiece` (joint BPE)"
         )
     if cfg.data.tokenize is None:
-        raise SystemExit(f"data={cfg.data.name} needs no tokenizer; choose data=multi30k or data=fra_eng")
+        raise SystemExit(
+            f"data={cfg.data.name} needs no tokenizer; choose data=multi30k, data=fra_eng or data=parallel"
+        )
     tokenize = get_method(cfg.data.tokenize)
     out = Path(cfg.paths.tokenized)
     try:

@@ -14,6 +14,12 @@ While it trains it keeps checkpoints/<model>/last.ckpt (every epoch and every
 `checkpoint.every_n_train_steps` steps). Killed, it resumes from there when the
 same command (or `dvc repro`) runs again with the same config, in the same
 MLflow run (attnlab.lit.resume); a finished run deletes last.ckpt.
+
+    python src/train.py model=transformer data=fra_eng +init_from=models:/attnlab-transformer@champion
+
+`+init_from=` (a checkpoint file or a registered model) starts from a trained model's weights,
+with a fresh optimizer, schedule, epoch counter and MLflow run (attnlab.lit.init_from: the corpus
+must be tokenized with the parent's tokenizer and model.net must be the parent's).
 """
 
 import logging
@@ -28,9 +34,11 @@ from pytorch_lightning.utilities import rank_zero_only
 
 from attnlab.checkpoint import load_net
 from attnlab.console import logs, summaries
+from attnlab.data.tokenizer import corpus_path_tag
 from attnlab.files import ensure_writable
 from attnlab.lit.checkpoints import TrainingCheckpoints
 from attnlab.lit.history import EpochHistoryLogger
+from attnlab.lit.init_from import InitFromError, start_from_parent
 from attnlab.lit.resume import ResumeState, config_fingerprint, find_resume_point
 from attnlab.tracking.store import prepare_store, write_run_record
 from attnlab.tracking.sweep import sweep_job
@@ -59,12 +67,29 @@ def main(cfg: DictConfig) -> None:
     resume, why = find_resume_point(checkpoints.folder, fingerprint)
     if why:
         log.info(why)
+    # task.load: a task whose nets attnlab.checkpoint.load_net does not build (the image models)
+    load = get_method(cfg.model.task.load) if cfg.model.task.get("load") else load_net
+    parent_tags = {}
+    if cfg.get("init_from") and resume is None:  # a resumed run has its weights: last.ckpt's
+        try:
+            parent_tags = start_from_parent(cfg, module, load).tags()
+        except InitFromError as e:
+            raise SystemExit(f"train: {e}") from None
+    elif cfg.get("init_from"):
+        log.info("init_from=%s: resuming, so the parent's weights are not loaded again", cfg.init_from)
     # MLflow run tags (its search and compare views filter on them) and name, e.g.
     # transformer-multi30k-en-fr-seed0 or nw-synthetic-seed0 (fixed: MLflow's would vary).
     task_tags = module.run_tags(cfg)
     name = "-".join([cfg.model.name, *(task_tags.values() or [cfg.data.name]), f"seed{cfg.seed}"])
     logger = instantiate(cfg.mlflow.logger, _partial_=True)(  # call-time arguments stay plain strings
-        tags={"model": cfg.model.name, "data": cfg.data.name, **task_tags, **sweep.tags},
+        tags={
+            "model": cfg.model.name,
+            "data": cfg.data.name,
+            **task_tags,
+            **corpus_path_tag(cfg),
+            **parent_tags,
+            **sweep.tags,
+        },
         run_id=resume.run_id if resume else None,
         run_name=sweep.run_name(name),
     )
@@ -88,8 +113,6 @@ def main(cfg: DictConfig) -> None:
     if not trainer.is_global_zero:
         return
     logger.log_artifact(best_path, "checkpoint")
-    # task.load: a task whose nets attnlab.checkpoint.load_net does not build (the image models)
-    load = get_method(cfg.model.task.load) if cfg.model.task.get("load") else load_net
     for figure in module.figures(load(best_path, expected_kind=cfg.model.name), plots):
         logger.log_artifact(str(figure), "attention")
     write_run_record(

@@ -87,8 +87,10 @@ E2E_FILES = (
     "test_sweep.py",
     "test_train_failures.py",
     "test_ddp.py",
+    "test_ddp_shards.py",
     "test_callbacks.py",
     "test_choose_on_val.py",
+    "test_init_from.py",
 )
 
 

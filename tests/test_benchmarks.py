@@ -74,3 +74,47 @@ def test_a_malformed_speed_file_stops_the_generator(tmp_path):
         rt._speed(tmp_path)
     with pytest.raises(ValueError, match="expected"):
         bench.record({}, path, "xeon-amx", "nothing")  # a file of other columns is not appended to
+
+
+def test_the_corpus_scale_benchmark_runs_at_a_tiny_size(tmp_path, capsys, monkeypatch):
+    """benchmarks/corpus_scale.py at 2,000 pairs (tokenize and training subprocesses): the keys of
+    its last line, figures that make sense, and the row it records. No timing is asserted."""
+    import csv
+    import sys
+
+    corpus_scale = _load(ROOT / "benchmarks" / "corpus_scale.py", "corpus_scale")
+    monkeypatch.setitem(sys.modules, "corpus_scale", corpus_scale)  # its process pool pickles its functions
+    assert [corpus_scale.parse_size(s) for s in ("2000", "100k", "0.1M", "5M")] == [
+        2000,
+        100_000,
+        100_000,
+        5_000_000,
+    ]
+    record = tmp_path / "corpus_scale.csv"
+    args = ["--sizes", "2000", "--workdir", str(tmp_path / "work"), "--steps", "2", "--loader-batches", "5"]
+    result = corpus_scale.main(
+        [*args, "--encode-sentences", "2000", "--record", str(record), "--machine", "xeon-amx"]
+    )
+    printed = json.loads(capsys.readouterr().out.splitlines()[-1])
+    assert (
+        printed.keys()
+        == result.keys()
+        >= {"sizes", "tokenize_rss_ratio", "train_rss_ratio", "encoding", "cpu_flags"}
+    )
+    (row,) = printed["sizes"]
+    held_out = 2 * 100  # val and test: 2000 // 20 pairs each
+    assert row["pairs"] == 2000 and row["train_pairs"] == row["train_pairs_kept"] == 2000 - held_out
+    positive = ("tokenize_pairs_per_s", "tokenize_rss_mb", "train_rss_mb", "first_batch_s", "model_step_ms")
+    for key in (*positive, "loader_batches_per_s"):
+        assert row[key] > 0, key
+    assert 20 < row["tokenize_rss_mb"] < 4000 and 50 < row["train_rss_mb"] < 8000  # MiB, not KiB or bytes
+    assert printed["tokenize_rss_ratio"] == printed["train_rss_ratio"] == 1.0  # one size: itself
+    encoding = printed["encoding"]
+    assert (
+        encoding["sentences"] == 2000
+        and encoding["threads_1_sentences_per_s"] > 0 < encoding["processes_vs_1"]
+    )
+    (recorded,) = list(csv.DictReader(record.open(encoding="utf-8")))
+    assert list(recorded) == corpus_scale.RECORD_COLUMNS
+    assert (recorded["machine"], recorded["pairs"]) == ("xeon-amx", "2000")
+    assert float(recorded["tokenize_s"]) == pytest.approx(row["tokenize_s"], rel=1e-3)

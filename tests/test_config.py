@@ -83,7 +83,7 @@ def test_translation_model_on_synthetic_data_is_a_clear_error(monkeypatch):
     from hydra.utils import get_class
 
     cfg = _compose(["model=transformer", "data=synthetic"], monkeypatch)
-    with pytest.raises(ValueError, match="choose data=multi30k or data=fra_eng"):
+    with pytest.raises(ValueError, match="choose data=multi30k, data=fra_eng or data=parallel"):
         get_class(cfg.model.task.module).from_config(cfg)
 
 

@@ -130,3 +130,62 @@ def test_bf16_decoding_is_refused_before_decoding_where_the_cpu_has_no_bf16_unit
         r"\(model.decoding.bf16=false\)",
     ):
         evaluate_translation(cfg, net=None)
+
+
+# Chinese without spaces: one 13a token per sentence, no match; sacreBLEU's zh tokenizer splits
+# the characters (tests/test_metrics.py scores the same kind of pairs).
+ZH_SOURCES = ["We walk in the park today.", "The cat sleeps on the sofa."]
+ZH_HYPS = ["我们今天去公园散步。", "这只猫在沙发上睡觉。"]
+ZH_REFS = ["今天我们去公园散步。", "那只猫在沙发上睡觉。"]
+
+
+def _evaluate_zh(tmp_path, monkeypatch, *overrides):
+    """evaluate_translation on an en→zh test split whose 'translations' are ZH_HYPS (decoding
+    and the tokenizer replaced: only the scoring runs)."""
+    import attnlab.inference.evaluation as evaluation
+
+    cfg = _cfg(
+        f"paths.root={tmp_path}", "device=cpu", "data.tgt_lang=zh", "data.more_test_splits=[]", *overrides
+    )
+    tok = Path(cfg.paths.tokenized)
+    tok.mkdir(parents=True, exist_ok=True)
+    (tok / "test.src.txt").write_text("".join(s + "\n" for s in ZH_SOURCES), encoding="utf-8")
+    (tok / "test.tgt.txt").write_text("".join(s + "\n" for s in ZH_REFS), encoding="utf-8")
+    monkeypatch.setattr(evaluation, "load_sentencepiece", lambda path: None)
+    translations = dict(zip(ZH_SOURCES, ZH_HYPS))
+    monkeypatch.setattr(evaluation, "translate_text", lambda *a, **k: [translations[s] for s in a[3]])
+
+    class Net:
+        init_state = step = None
+
+        def to(self, device):
+            return self
+
+    return evaluate_translation(cfg, Net())
+
+
+def test_evaluate_scores_a_chinese_target_with_sacrebleus_zh_tokenizer(tmp_path, monkeypatch):
+    import sacrebleu
+
+    result = _evaluate_zh(tmp_path, monkeypatch)
+    zh = sacrebleu.corpus_bleu(ZH_HYPS, [ZH_REFS], tokenize="zh")
+    assert result.scores["bleu"] == result.logged["test_bleu"] == zh.score > 0
+    assert sacrebleu.corpus_bleu(ZH_HYPS, [ZH_REFS]).score == 0.0  # what 13a would have said
+    assert "|tok:zh|" in result.scores["signature"]["bleu"]
+    assert result.tags["test_bleu_signature"] == result.scores["signature"]["bleu"]
+    assert "|tok:zh|" in result.tags["test_bleu_lc_signature"]
+    assert result.scores["tgt_lang"] == "zh"
+
+
+def test_evaluate_takes_the_tokenizer_override_of_the_data_config(tmp_path, monkeypatch):
+    import sacrebleu
+
+    result = _evaluate_zh(tmp_path, monkeypatch, "data.bleu_tokenize=char")
+    assert result.scores["bleu"] == sacrebleu.corpus_bleu(ZH_HYPS, [ZH_REFS], tokenize="char").score
+    assert "|tok:char|" in result.tags["test_bleu_signature"]
+
+
+def test_an_unknown_bleu_tokenizer_is_refused_before_the_tokenized_folder_is_read(tmp_path):
+    cfg = _cfg(f"paths.root={tmp_path}", "data.bleu_tokenize=jieba")
+    with pytest.raises(ValueError, match=r"data.bleu_tokenize='jieba' is not one of sacreBLEU's tokenizers"):
+        evaluate_translation(cfg, net=None)

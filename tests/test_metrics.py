@@ -8,7 +8,8 @@ import pytest
 import sacrebleu
 import torch
 
-from attnlab.metrics import CorpusScores, corpus_scores, d2l_bleu, sacrebleu_signatures
+from attnlab import metrics
+from attnlab.metrics import CorpusScores, bleu_tokenizer, corpus_scores, d2l_bleu, sacrebleu_signatures
 
 
 def test_exact_two_token_match_scores_one_with_k4():
@@ -205,6 +206,162 @@ def test_sacrebleu_signatures_name_one_reference_stream():
         "bleu_lc": f"nrefs:1|case:lc|eff:no|tok:13a|smooth:exp|version:{v}",
         "chrf": f"nrefs:1|case:mixed|eff:yes|nc:6|nw:0|space:no|version:{v}",
     }
+
+
+# --- BLEU's tokenizer follows the target language (sacreBLEU, Post 2018) ---------------------
+
+# Chinese puts no spaces between words, and 13a does not split "，" or "。": every sentence is one
+# 13a token, and no hypothesis equals its reference, so 13a finds no match at all. sacreBLEU's
+# zh tokenizer splits each Chinese character off and finds the shared ones.
+ZH_HYPS = ["我们今天去公园散步。", "这只猫在沙发上睡觉。", "他每天早上喝一杯咖啡，然后去上班。"]
+ZH_REFS = ["今天我们去公园散步。", "那只猫在沙发上睡觉。", "他每天早晨喝一杯咖啡，然后去上班。"]
+
+
+def test_a_chinese_target_scored_with_its_tokenizer_is_sacrebleus_zh_bleu_not_13as():
+    tokenize = bleu_tokenizer("zh")
+    zh = sacrebleu.corpus_bleu(ZH_HYPS, [ZH_REFS], tokenize="zh").score
+    got = corpus_scores(ZH_HYPS, ZH_REFS, tokenize)
+    assert got["bleu"] == zh
+    assert got["bleu_lc"] == sacrebleu.corpus_bleu(ZH_HYPS, [ZH_REFS], tokenize="zh", lowercase=True).score
+    assert got["chrf"] == sacrebleu.corpus_chrf(ZH_HYPS, [ZH_REFS]).score  # chrF does not tokenize
+    assert sacrebleu.corpus_bleu(ZH_HYPS, [ZH_REFS], tokenize="13a").counts[0] == 0
+    assert corpus_scores(ZH_HYPS, ZH_REFS)["bleu"] == 0.0 < 50 < zh  # default 13a: no match
+
+
+def test_corpus_scores_with_zh_equal_sacrebleu_also_fed_in_two_batches():
+    metric = CorpusScores(tokenize="zh")
+    metric.update(ZH_HYPS[:1], ZH_REFS[:1])
+    metric.update(ZH_HYPS[1:], ZH_REFS[1:])
+    got = metric.compute()
+    assert got["bleu"] == sacrebleu.corpus_bleu(ZH_HYPS, [ZH_REFS], tokenize="zh").score
+    assert got["bleu_lc"] == sacrebleu.corpus_bleu(ZH_HYPS, [ZH_REFS], tokenize="zh", lowercase=True).score
+    assert got == corpus_scores(ZH_HYPS, ZH_REFS, "zh")
+
+
+@pytest.mark.parametrize(
+    "tgt_lang, want",
+    [("zh", "zh"), ("zh-Hans", "zh"), ("zh_CN", "zh"), ("ZH", "zh")]
+    + [(lang, "13a") for lang in ("fr", "de", "en", "fr-CA", "none")],
+)
+def test_bleu_tokenizer_follows_the_primary_subtag_of_the_target_language(tgt_lang, want):
+    assert bleu_tokenizer(tgt_lang) == want
+
+
+@pytest.mark.parametrize("lang, mecab, extra", [("ja", "ja-mecab", "ja"), ("ko", "ko-mecab", "ko")])
+def test_japanese_and_korean_use_mecab_where_sacrebleu_loads_it(lang, mecab, extra, monkeypatch, caplog):
+    monkeypatch.setattr(metrics, "_tokenizer_error", lambda name: None)  # MeCab loads
+    with caplog.at_level("WARNING", logger="attnlab.metrics"):
+        assert bleu_tokenizer(lang) == bleu_tokenizer(f"{lang.upper()}-JP") == mecab
+    assert caplog.records == []
+    monkeypatch.setattr(metrics, "_tokenizer_error", lambda name: f"no MeCab for {name}")
+    with caplog.at_level("WARNING", logger="attnlab.metrics"):
+        assert bleu_tokenizer(lang) == "char"
+    (record,) = caplog.records
+    message = record.getMessage()
+    assert f"no MeCab for {mecab}" in message and "tokenize='char' instead" in message
+    assert f'pip install "sacrebleu[{extra}]"' in message
+
+
+@pytest.mark.skipif(metrics._tokenizer_error("ja-mecab") is None, reason="MeCab is installed here")
+def test_without_mecab_installed_japanese_falls_back_to_characters(caplog):
+    with caplog.at_level("WARNING", logger="attnlab.metrics"):
+        assert bleu_tokenizer("ja") == "char"
+    assert 'pip install "sacrebleu[ja]"' in caplog.text
+    # what sacreBLEU itself says: its ja-mecab tokenizer cannot be built here
+    with pytest.raises(RuntimeError, match=r"sacrebleu\[ja\]"):
+        sacrebleu.BLEU(tokenize="ja-mecab")
+
+
+@pytest.mark.parametrize("override", ["char", "13a", "intl", "none", "zh"])
+def test_a_tokenizer_override_wins_over_the_language(override):
+    assert bleu_tokenizer("zh", override) == bleu_tokenizer("fr", override) == override
+
+
+def test_an_unknown_tokenizer_override_names_it_and_lists_sacrebleus():
+    with pytest.raises(ValueError) as e:
+        bleu_tokenizer("zh", "jieba")
+    message = str(e.value)
+    assert "data.bleu_tokenize='jieba' is not one of sacreBLEU's tokenizers" in message
+    assert ", ".join(sacrebleu.BLEU.TOKENIZERS) in message  # none, zh, 13a, intl, char, ...
+    with pytest.raises(ValueError, match="tokenize='13A' is not one of sacreBLEU's tokenizers"):
+        CorpusScores(tokenize="13A")
+
+
+def test_signatures_name_the_zh_tokenizer():
+    v = sacrebleu.__version__
+    assert sacrebleu_signatures("zh") == {
+        "bleu": f"nrefs:1|case:mixed|eff:no|tok:zh|smooth:exp|version:{v}",
+        "bleu_lc": f"nrefs:1|case:lc|eff:no|tok:zh|smooth:exp|version:{v}",
+        "chrf": f"nrefs:1|case:mixed|eff:yes|nc:6|nw:0|space:no|version:{v}",
+    }
+    got = sacrebleu.BLEU(tokenize="zh")
+    got.corpus_score(ZH_HYPS, [ZH_REFS])
+    assert sacrebleu_signatures("zh")["bleu"] == str(got.get_signature())
+
+
+def test_the_validation_scorer_follows_the_data_configs_target_language(tmp_path, monkeypatch):
+    """TranslationModule.from_config: val_bleu with data.tgt_lang's tokenizer, or data.bleu_tokenize."""
+    from hydra import compose, initialize_config_dir
+    from omegaconf import open_dict
+
+    import attnlab.lit.translation as translation
+
+    class Data:  # the datamodule's parts from_config reads, without a tokenized corpus
+        vocab_size, src_vocab_size, tokenizer = 40, None, None
+
+        def __init__(self, *args, **kwargs):
+            pass
+
+        def fixed_batch(self, split, n):
+            return None
+
+    monkeypatch.setattr(translation, "TranslationDataModule", Data)
+    conf = str(Path(__file__).resolve().parents[1] / "conf")
+
+    def module(*overrides, drop_key=False):
+        root = tmp_path / str(len(list(tmp_path.iterdir())))
+        with initialize_config_dir(config_dir=conf, version_base="1.3"):
+            cfg = compose(
+                config_name="config",
+                overrides=[f"paths.root={root}", "model=transformer", "model.net.d_model=16", *overrides],
+            )
+        if drop_key:  # a data config without the key (Hydra cannot delete a null value)
+            with open_dict(cfg):
+                del cfg.data["bleu_tokenize"]
+        tok = Path(cfg.paths.tokenized)
+        tok.mkdir(parents=True)
+        (tok / "val.src.txt").write_text("A cat sleeps.\n", encoding="utf-8")
+        (tok / "val.tgt.txt").write_text("猫在睡觉。\n", encoding="utf-8")
+        m, _ = translation.TranslationModule.from_config(cfg)
+        return m
+
+    zh = module("data.tgt_lang=zh-Hans")
+    assert zh.val_scores.tokenize == zh.hparams.bleu_tokenize == "zh"  # saved in the checkpoint
+    zh.val_scores.update(ZH_HYPS, ZH_REFS)
+    assert zh.val_scores.compute()["bleu"] == sacrebleu.corpus_bleu(ZH_HYPS, [ZH_REFS], tokenize="zh").score
+    assert module("data.tgt_lang=zh", "data.bleu_tokenize=char").val_scores.tokenize == "char"
+    assert module("data.tgt_lang=zh", drop_key=True).val_scores.tokenize == "zh"  # key absent
+    assert module().val_scores.tokenize == "13a"  # Multi30k en→fr
+    with pytest.raises(ValueError, match="data.bleu_tokenize='jieba' is not one of"):
+        module("data.bleu_tokenize=jieba")
+
+
+def test_the_evaluate_summary_prints_the_tokenizer_of_the_signature(monkeypatch):
+    from attnlab.console import summaries
+
+    monkeypatch.setattr(summaries, "_run_rows", lambda record, logged: ([], []))
+    scores = {
+        "bleu": 12.345,
+        "bleu_lc": 13.0,
+        "chrf": 20.0,
+        "num_sentences": 3,
+        "signature": sacrebleu_signatures("zh"),
+    }
+    out = summaries.evaluate_summary("transformer", scores, Path("metrics/transformer.json"), {})
+    assert out.splitlines()[1].split() == ["test_bleu", ":", "12.35", "(sacreBLEU,", "cased,", "zh)"]
+    del scores["signature"]  # a metrics file without one: the tokenizer is not guessed
+    out = summaries.evaluate_summary("transformer", scores, Path("metrics/transformer.json"), {})
+    assert out.splitlines()[1].split() == ["test_bleu", ":", "12.35", "(sacreBLEU,", "cased)"]
 
 
 def _lines(text: str) -> list[str]:

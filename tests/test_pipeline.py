@@ -55,6 +55,13 @@ def _edit(path: Path, **updates) -> None:
     OmegaConf.save(cfg, path)
 
 
+def _git_show(repo: Path, rev: str, path: str) -> str:
+    """The text of ``path`` at ``rev`` (an experiment's commit) in ``repo``."""
+    return subprocess.run(
+        ["git", "show", f"{rev}:{path}"], cwd=repo, capture_output=True, text=True, check=True
+    ).stdout
+
+
 def dvc(project: Path, *args: str) -> subprocess.CompletedProcess:
     return subprocess.run(
         [sys.executable, "-m", "dvc", *args],
@@ -88,6 +95,7 @@ def project(tmp_path_factory):
     download.sources = {rel: {"sha256": [d]} for rel, d in digests.items()}
     OmegaConf.save(download, root / "conf/download.yaml")
     _edit(root / "conf/data/multi30k.yaml", vocab_size=150, val_bleu_sentences=4)
+    _edit(root / "conf/data/parallel.yaml", vocab_size=300, val_bleu_sentences=4)
     _edit(root / "conf/config.yaml", **{"heatmaps.sentences": HEATMAP_SENTENCES})  # ~1 s per PNG
     _edit(
         root / "conf/model/transformer.yaml",
@@ -122,7 +130,14 @@ def test_every_stage_wrote_its_outputs(project):
     assert (project / "data/raw/multi30k/train.en.gz").exists()
     assert (project / "data/raw/fra-eng.zip").exists()
     tok = project / "data/tokenized/multi30k-en-fr"
-    for f in ("spm.model", "train.npz", "val.npz", "test.npz", "test.src.txt", "test.tgt.txt"):
+    for f in (
+        "spm.model",
+        "train.src.ids.npy",
+        "val.src.ids.npy",
+        "test.src.ids.npy",
+        "test.src.txt",
+        "test.tgt.txt",
+    ):
         assert (tok / f).exists(), f
     for m in MODELS:
         assert (project / f"checkpoints/{m}/best.ckpt").exists()
@@ -210,13 +225,15 @@ def _logged_hypotheses(project: Path, model: str, test_set: str) -> list[str]:
     return Path(local).read_text(encoding="utf-8").splitlines()
 
 
-def _assert_says_what_it_measured(scores: dict, src_lang: str, tgt_lang: str) -> None:
+def _assert_says_what_it_measured(
+    scores: dict, src_lang: str, tgt_lang: str, corpus: str = "multi30k", test_set: str = "test_2016_flickr"
+) -> None:
     """metrics/<model>.json names the corpus, pair, test set, decoding and sacreBLEU signatures."""
     assert (scores["corpus"], scores["src_lang"], scores["tgt_lang"], scores["test_set"]) == (
-        "multi30k",
+        corpus,
         src_lang,
         tgt_lang,
-        "test_2016_flickr",
+        test_set,
     )
     assert (scores["decoding"]["beam_size"], scores["decoding"]["alpha"]) == (5, 1.0)
     version = sacrebleu.__version__
@@ -805,13 +822,33 @@ def _exp_rows(project: Path) -> dict:
     return rows
 
 
+def _own_corpus(folder: Path) -> Path:
+    """A part of tests/fixtures/zh-en (a user's corpus, outside the project): 2,000 training
+    pairs, 20 val, 20 test, in the layout {split}.{zh,en}.gz."""
+    import gzip
+
+    from helpers import zh_en_corpus
+
+    for split, pairs in zh_en_corpus.pairs().items():
+        pairs = pairs[: 2000 if split == "train" else 20]
+        for i, lang in enumerate(("zh", "en")):
+            text = "".join(f"{p[i]}\n" for p in pairs).encode()
+            (folder / f"{split}.{lang}.gz").write_bytes(gzip.compress(text, mtime=0))
+    return folder
+
+
 @pytest.fixture(scope="module")
-def experiments(clone):
-    """Two experiments on the clone's commit: one queued, English→German (`-S tgt_lang=de`), run by
+def experiments(clone, tmp_path_factory):
+    """Three experiments on the clone's commit: two queued, English→German (`-S tgt_lang=de`) and
+    Chinese→English on a corpus of one's own (`-S data=parallel -S data_path=...`), run by
     a `dvc queue` worker in a temporary workspace, and one run in the workspace (Transformer for 1
     epoch, and Hydra overrides of the learning rate and weight decay through
     `models.transformer.overrides`)."""
     queued = dvc(clone, "exp", "run", "--queue", "-n", "queued", "-S", "tgt_lang=de")
+    assert queued.returncode == 0, queued.stderr[-3000:]
+    corpus = _own_corpus(tmp_path_factory.mktemp("own-corpus"))
+    own = ("-S", "data=parallel", "-S", f"data_path={corpus}", "-S", "src_lang=zh", "-S", "tgt_lang=en")
+    queued = dvc(clone, "exp", "run", "--queue", "-n", "zh-en", *own)
     assert queued.returncode == 0, queued.stderr[-3000:]
     ran = dvc(
         clone,
@@ -840,6 +877,8 @@ def experiments(clone):
         dvc(clone, "queue", "stop", "--kill")
     logs = dvc(clone, "queue", "logs", "queued").stdout
     assert "Success" in status, status + logs[-3000:]
+    assert "Failed" not in status, status + dvc(clone, "queue", "logs", "zh-en").stdout[-3000:]
+    clone.own_corpus = corpus
     clone.rows = _exp_rows(clone)
     clone.queued_log = logs
     return clone
@@ -847,13 +886,14 @@ def experiments(clone):
 
 def test_exp_show_lists_the_baseline_and_the_experiments_with_their_params(experiments):
     rows = experiments.rows
-    assert set(rows) == {"baseline", "lr", "queued"}
+    assert set(rows) == {"baseline", "lr", "queued", "zh-en"}
     params = {name: row[1] for name, row in rows.items()}
     pairs = {name: (p["data"], p["src_lang"], p["tgt_lang"]) for name, p in params.items()}
     assert pairs == {
         "baseline": ("multi30k", "en", "fr"),
         "lr": ("multi30k", "en", "fr"),
         "queued": ("multi30k", "en", "de"),
+        "zh-en": ("parallel", "zh", "en"),
     }
     model = {name: p["models"]["transformer"] for name, p in params.items()}
     assert (model["baseline"]["max_epochs"], model["baseline"]["overrides"]) == (2, "")
@@ -885,26 +925,66 @@ def test_a_language_experiment_runs_end_to_end_on_its_own_pair(experiments):
     for stage in ("tokenize", *(f"{s}@{m}" for s in ("train", "evaluate", "export") for m in SEQ2SEQ)):
         assert f"Running stage '{stage}'" in log, log[-3000:]
     assert "Running stage 'train_nw'" not in log and "Running stage 'evaluate_nw'" not in log
-    lock = yaml.safe_load(
-        subprocess.run(
-            ["git", "show", f"{rev}:dvc.lock"], cwd=experiments, capture_output=True, text=True, check=True
-        ).stdout
-    )
+    lock = yaml.safe_load(_git_show(experiments, rev, "dvc.lock"))
     for m in SEQ2SEQ:
         deps = {d["path"] for d in lock["stages"][f"train@{m}"]["deps"]}
         assert "data/tokenized/multi30k-en-de" in deps and "data/tokenized/multi30k-en-fr" not in deps
         _assert_says_what_it_measured(metrics[f"metrics/{m}.json"], "en", "de")
-        hyps = subprocess.run(
-            ["git", "show", f"{rev}:metrics/{m}.hyp.txt"],
-            cwd=experiments,
-            capture_output=True,
-            text=True,
-            check=True,
-        ).stdout.splitlines()
+        hyps = _git_show(experiments, rev, f"metrics/{m}.hyp.txt").splitlines()
         assert (
             metrics[f"metrics/{m}.json"]["bleu"]
             == sacrebleu.corpus_bleu(hyps, [_test_references(experiments, "de")]).score
         )
+
+
+def test_an_own_corpus_experiment_trains_on_it_and_reruns_when_the_corpus_changes(experiments):
+    """`-S data=parallel -S data_path=<folder> -S src_lang=zh -S tgt_lang=en`, queued: the
+    pipeline ran on the folder (a dependency of tokenize, recorded in dvc.lock), the metrics
+    name it; applied to the workspace, editing one line of the corpus marks tokenize (and no other
+    stage: the rest follow from its outputs, as the DAG test checks) to re-run."""
+    import gzip
+
+    rev, _, metrics = experiments.rows["zh-en"]
+    corpus = experiments.own_corpus
+    lock = yaml.safe_load(_git_show(experiments, rev, "dvc.lock"))
+    assert str(corpus) in {d["path"] for d in lock["stages"]["tokenize"]["deps"]}
+    references = gzip.decompress((corpus / "test.en.gz").read_bytes()).decode().splitlines()
+    for m in SEQ2SEQ:
+        _assert_says_what_it_measured(metrics[f"metrics/{m}.json"], "zh", "en", "parallel", "test")
+        hyps = _git_show(experiments, rev, f"metrics/{m}.hyp.txt").splitlines()
+        assert len(hyps) == 20
+        assert metrics[f"metrics/{m}.json"]["bleu"] == sacrebleu.corpus_bleu(hyps, [references]).score
+    applied = dvc(experiments, "exp", "apply", "zh-en")
+    assert applied.returncode == 0, applied.stderr[-3000:]
+    original = (corpus / "val.en.gz").read_bytes()
+    try:
+        assert "up to date" in dvc(experiments, "status").stdout
+        # the how-to's next command: translate.py with the applied experiment's export
+        sources = gzip.decompress((corpus / "test.zh.gz").read_bytes()).decode().splitlines()
+        out = subprocess.run(
+            [sys.executable, "src/translate.py", "model=transformer"],
+            cwd=experiments,
+            env=experiments.env,
+            input="\n".join([*sources, "我昨天在商店买了三本书。"]) + "\n",
+            capture_output=True,
+            text=True,
+            timeout=300,
+        )
+        assert out.returncode == 0, out.stderr[-2000:]
+        translations = out.stdout.splitlines()  # a test-sized model: maybe empty lines
+        assert len(translations) == len(sources) + 1
+        applied_hyps = (experiments / "metrics/transformer.hyp.txt").read_text().splitlines()
+        assert translations[:-1] == applied_hyps
+        lines = gzip.decompress(original).decode().splitlines()
+        lines[0] = lines[0].replace(".", "!")
+        (corpus / "val.en.gz").write_bytes(gzip.compress(("\n".join(lines) + "\n").encode()))
+        changed = json.loads(dvc(experiments, "status", "--json").stdout)
+        assert set(changed) == {"tokenize"}, changed
+        assert {"changed deps": {str(corpus): "modified"}} in changed["tokenize"], changed["tokenize"]
+    finally:
+        (corpus / "val.en.gz").write_bytes(original)
+        restored = dvc(experiments, "exp", "apply", "lr")  # the workspace as the fixture left it
+        assert restored.returncode == 0, restored.stderr[-3000:]
 
 
 def test_experiments_reach_hydra_and_log_to_the_projects_mlflow_store(experiments):
@@ -915,7 +995,7 @@ def test_experiments_reach_hydra_and_log_to_the_projects_mlflow_store(experiment
 
     client = MlflowClient(tracking_uri=f"sqlite:///{experiments}/mlflow.db")
     exp = client.get_experiment_by_name("attnlab")
-    found = client.search_runs([exp.experiment_id], "tags.model = 'transformer'")
+    found = client.search_runs([exp.experiment_id], "tags.model = 'transformer' and tags.corpus = 'multi30k'")
     runs = {(r.data.tags["tgt_lang"], float(r.data.params["optimizer/lr"])): r for r in found}
     assert set(runs) == {("fr", EXP_LR), ("de", 0.001)}  # the clone's own runs: the two experiments
     rows = experiments.rows
@@ -929,8 +1009,17 @@ def test_experiments_reach_hydra_and_log_to_the_projects_mlflow_store(experiment
         assert run.data.metrics["test_chrf"] == rows[name][2]["metrics/transformer.json"]["chrf"]
         assert run.info.artifact_uri.startswith(f"{experiments}/mlruns/")
         assert (Path(run.info.artifact_uri) / "checkpoint/best.ckpt").stat().st_size > 0
-    [bahdanau] = client.search_runs([exp.experiment_id], "tags.model = 'bahdanau'")
+    [bahdanau] = client.search_runs(
+        [exp.experiment_id], "tags.model = 'bahdanau' and tags.corpus = 'multi30k'"
+    )
     assert (bahdanau.data.tags["src_lang"], bahdanau.data.tags["tgt_lang"]) == ("en", "de")
+    # the own-corpus experiment: both translation models, on the user's folder
+    own = client.search_runs([exp.experiment_id], "tags.corpus = 'parallel'")
+    assert sorted((r.data.tags["model"], r.data.tags["src_lang"], r.data.tags["tgt_lang"]) for r in own) == [
+        ("bahdanau", "zh", "en"),
+        ("transformer", "zh", "en"),
+    ]
+    assert {r.data.tags["corpus_path"] for r in own} == {str(experiments.own_corpus)}  # which folder
     config = client.download_artifacts(
         runs[("de", 0.001)].info.run_id, "config.yaml", str(experiments.parent / "dl-queued")
     )
@@ -1026,10 +1115,12 @@ def test_an_image_model_joins_as_an_experiment_and_runs_alone(experiments):
 # --- the DVC graph follows params.yaml ----------------------------------------------------
 # One value chooses the translation models' corpus and direction; every path is built from it.
 # What `dvc exp run -S key=value` does to params.yaml is done here by hand, then undone.
+ZH_EN = ROOT / "tests" / "fixtures" / "zh-en"  # a user's own corpus, by an absolute path
 DIRECTIONS = {
     "tgt_lang=de": ("multi30k", "en", "de"),
     "data=fra_eng": ("fra_eng", "en", "fr"),
     "src_lang=fr tgt_lang=en": ("multi30k", "fr", "en"),
+    f"data=parallel data_path={ZH_EN} src_lang=zh tgt_lang=en": ("parallel", "zh", "en"),
 }
 TRANSLATION_STAGES = {f"{s}@{m}" for s in ("train", "evaluate", "export") for m in SEQ2SEQ} | {
     "head_importance"

@@ -107,10 +107,10 @@ def test_tokenize_drops_empty_and_long_train_pairs_keeps_val_test_and_reports_co
     sp = load_sentencepiece(out / "spm.model")
     assert stats["vocab_size"] == {"requested": 5000, "actual": sp.get_piece_size()}
     assert sp.get_piece_size() < 5000  # the tiny corpus gives fewer: an upper bound, reported
-    src, tgt = load_split(out / "train.npz")
+    src, tgt = load_split(out / "train")
     assert len(src) == len(tgt) == 40 and min(map(len, src)) > 0 and max(map(len, tgt)) < 50
     assert [sp.decode(s.tolist()) for s in src] == [e for e, _, _ in sentences()[:40]]
-    val_src, _ = load_split(out / "val.npz")
+    val_src, _ = load_split(out / "val")
     assert len(val_src) == 6 and len(val_src[4]) == 0 and len(val_src[5]) >= 50
     assert read_lines(out / "test.src.txt") == read_lines(
         tmp_path / "data/raw/multi30k/test_2016_flickr.en.gz"

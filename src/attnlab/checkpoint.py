@@ -8,7 +8,9 @@ without importing Lightning, which keeps those stages quick to start.
 
 from __future__ import annotations
 
+import hashlib
 import pickle
+import zipfile
 from pathlib import Path
 
 import torch
@@ -18,9 +20,50 @@ from attnlab.data.tokenizer import PAD_ID
 from attnlab.models import UnknownModelError, build_net
 from attnlab.models.nadaraya_watson import NadarayaWatson
 
+# The key under which a checkpoint records the tokenizer file it was trained with
+# (:func:`tokenizer_record`; ``TranslationModule.on_save_checkpoint`` writes it). Checkpoints
+# written before it existed lack it, and load as before.
+TOKENIZER_KEY = "tokenizer"
+# The tokenizer files of a tokenized folder, in the order attnlab.data.tokenizer.load_tokenizer
+# looks for them: D2L's word vocabularies, else sentencepiece.
+TOKENIZER_FILES = ("vocab.json", "spm.model")
+
 
 class CheckpointError(ValueError):
     """The checkpoint is missing or was not written by attnlab's train.py."""
+
+
+def file_sha256(path: Path) -> str:
+    """SHA-256 (hex) of the file's bytes."""
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+def tokenizer_record(tokenized_dir: Path) -> dict | None:
+    """What a checkpoint records (under :data:`TOKENIZER_KEY`) of the tokenizer it trained with.
+
+    Returns:
+        ``{"file": "spm.model" or "vocab.json", "sha256": hex digest of its bytes, "folder":
+        the tokenized folder, absolute}``, the file :func:`attnlab.data.tokenizer.load_tokenizer`
+        reads; ``None`` when ``tokenized_dir`` holds neither (a model trained on no corpus).
+    """
+    folder = Path(tokenized_dir).resolve()
+    for name in TOKENIZER_FILES:
+        if (folder / name).is_file():
+            return {"file": name, "sha256": file_sha256(folder / name), "folder": str(folder)}
+    return None
+
+
+def _saved_by_torch(path: Path) -> bool:
+    """Whether the file is laid out as ``torch.save`` writes one: a zip archive, or (torch < 1.6)
+    a pickle, which starts with the PROTO opcode."""
+    if zipfile.is_zipfile(path):
+        return True
+    with open(path, "rb") as f:
+        return f.read(1) == b"\x80"
 
 
 def load_net(path: Path, expected_kind: str | None = None) -> nn.Module:
@@ -48,9 +91,10 @@ def load_net(path: Path, expected_kind: str | None = None) -> nn.Module:
     try:
         ckpt = torch.load(path, map_location="cpu", weights_only=True)
     except pickle.UnpicklingError as e:
-        if "Weights only load failed" not in str(e):
+        if "Weights only load failed" not in str(e) or not _saved_by_torch(path):
+            why = str(e) if _saved_by_torch(path) else "neither a zip archive nor a pickle"
             raise CheckpointError(
-                f"{path} is corrupt or not a torch checkpoint ({e}); "
+                f"{path} is corrupt or not a torch checkpoint ({why}); "
                 "retrain with `python src/train.py` or copy the file again"
             ) from None
         raise CheckpointError(

@@ -6,17 +6,31 @@ ranks. torchmetrics' own ``SacreBLEUScore``/``CHRFScore`` are not used: they dif
 sacreBLEU (no 'exp' smoothing when an n-gram order has no match, float32 arithmetic, and
 chrF's whitespace and empty-hypothesis handling), e.g. 0.0 vs sacreBLEU's 8.1167 on a
 one-sentence corpus with no 4-gram match.
+
+BLEU's tokenizer follows the target language (:func:`bleu_tokenizer`): sacreBLEU's ``13a``
+splits on spaces and punctuation, which leaves a Chinese, Japanese or Korean sentence as a
+few long "words"; ``zh``, ``ja-mecab`` and ``ko-mecab`` segment those languages first.
 """
 
 from __future__ import annotations
 
 import collections
+import functools
+import logging
 import math
 from collections.abc import Sequence
 
 import torch
 from sacrebleu.metrics import BLEU, CHRF
 from torchmetrics import Metric
+
+log = logging.getLogger(__name__)
+
+# Target language (primary subtag) → sacreBLEU's tokenizer for it, and the pip extra it needs;
+# every other language gets DEFAULT_TOKENIZE (mteval-v13a, sacreBLEU's own default).
+DEFAULT_TOKENIZE = "13a"
+_LANGUAGE_TOKENIZE = {"zh": ("zh", None), "ja": ("ja-mecab", "ja"), "ko": ("ko-mecab", "ko")}
+_FALLBACK_TOKENIZE = "char"  # MeCab missing: characters, which need nothing installed
 
 
 def d2l_bleu(pred_seq: str, label_seq: str, k: int) -> float:
@@ -46,9 +60,69 @@ def d2l_bleu(pred_seq: str, label_seq: str, k: int) -> float:
     return score
 
 
-def _sacrebleu_metrics() -> dict[str, BLEU | CHRF]:
-    """sacreBLEU's metric objects with the settings of ``corpus_bleu``/``corpus_chrf``' defaults."""
-    return {"bleu": BLEU(tokenize="13a"), "bleu_lc": BLEU(tokenize="13a", lowercase=True), "chrf": CHRF()}
+def _check_tokenize(name: str, what: str, hint: str = "") -> None:
+    if name not in BLEU.TOKENIZERS:
+        raise ValueError(
+            f"{what}={name!r} is not one of sacreBLEU's tokenizers: choose one of "
+            f"{', '.join(BLEU.TOKENIZERS)}{hint}"
+        )
+
+
+@functools.cache
+def _tokenizer_error(name: str) -> str | None:
+    """Why sacreBLEU cannot build tokenizer ``name`` here (its first line), or ``None`` if it can."""
+    try:
+        BLEU(tokenize=name)  # builds the tokenizer: MeCab and its dictionary are loaded here
+    except (ImportError, RuntimeError, AssertionError, OSError) as e:
+        lines = str(e).strip().splitlines()
+        return lines[0] if lines else type(e).__name__
+    return None
+
+
+def bleu_tokenizer(tgt_lang: str, override: str | None = None) -> str:
+    """The sacreBLEU tokenizer for BLEU of translations into ``tgt_lang`` (sacreBLEU, Post 2018).
+
+    ``tgt_lang``: a language code; only its primary subtag counts, lowercased (``zh``,
+    ``zh-Hans``, ``zh_CN`` and ``ZH`` are all Chinese). Chinese → ``"zh"``; Japanese →
+    ``"ja-mecab"`` and Korean → ``"ko-mecab"`` when sacreBLEU can load MeCab and its dictionary
+    here, else ``"char"`` with a logged warning that says how to install them
+    (``pip install "sacrebleu[ja]"`` / ``"sacrebleu[ko]"``); any other language → ``"13a"``.
+    ``override`` (the config's ``data.bleu_tokenize``), when not ``None``, is returned as is.
+    Returns a key of ``sacrebleu.metrics.BLEU.TOKENIZERS``.
+    Raises:
+        ValueError: ``override`` is not one of sacreBLEU's tokenizers (the message lists them).
+    """
+    if override is not None:
+        _check_tokenize(override, "data.bleu_tokenize", ", or null to follow the target language")
+        return override
+    primary = str(tgt_lang).replace("_", "-").split("-")[0].lower()
+    name, extra = _LANGUAGE_TOKENIZE.get(primary, (DEFAULT_TOKENIZE, None))
+    if extra is not None:
+        why = _tokenizer_error(name)
+        if why is not None:
+            log.warning(
+                "BLEU of %s text: sacreBLEU's %s tokenizer is not usable here (%s); scoring with "
+                "tokenize=%r instead, which is not comparable to published %s scores. "
+                'Install it with `pip install "sacrebleu[%s]"`',
+                primary,
+                name,
+                why,
+                _FALLBACK_TOKENIZE,
+                name,
+                extra,
+            )
+            return _FALLBACK_TOKENIZE
+    return name
+
+
+def _sacrebleu_metrics(tokenize: str = DEFAULT_TOKENIZE) -> dict[str, BLEU | CHRF]:
+    """sacreBLEU's metric objects with ``corpus_bleu``/``corpus_chrf``'s defaults, BLEU with ``tokenize``."""
+    _check_tokenize(tokenize, "tokenize")
+    return {
+        "bleu": BLEU(tokenize=tokenize),
+        "bleu_lc": BLEU(tokenize=tokenize, lowercase=True),
+        "chrf": CHRF(),
+    }
 
 
 def _check_pairs(hypotheses: Sequence[str], references: Sequence[str]) -> None:
@@ -64,7 +138,10 @@ def _check_pairs(hypotheses: Sequence[str], references: Sequence[str]) -> None:
 
 
 class CorpusScores(Metric):
-    """sacreBLEU corpus BLEU (cased and lowercased, 13a) and chrF2 as summable statistics.
+    """sacreBLEU corpus BLEU (cased and lowercased) and chrF2 as summable statistics.
+
+    ``tokenize``: BLEU's sacreBLEU tokenizer (default ``"13a"``; :func:`bleu_tokenizer` chooses
+    it from the target language); chrF does not tokenize.
 
     ``update(hypotheses, references)`` takes detokenized text, one reference per hypothesis
     (same order; *not* sacreBLEU's reference streams) and adds each pair's sacreBLEU
@@ -79,18 +156,20 @@ class CorpusScores(Metric):
 
     ``compute()`` returns ``{"bleu", "bleu_lc", "chrf"}``: Python floats in [0, 100] (0.0 for
     all three when nothing was added).
-    Raises (from ``update``):
-        ValueError: if the two lists differ in length.
-        TypeError: if an element is not a ``str``.
+    Raises:
+        ValueError: ``tokenize`` is not one of sacreBLEU's tokenizers; from ``update``: the two
+            lists differ in length.
+        TypeError: from ``update``: an element is not a ``str``.
     """
 
     is_differentiable = False
     higher_is_better = True
     full_state_update = False
 
-    def __init__(self, **kwargs):
+    def __init__(self, tokenize: str = DEFAULT_TOKENIZE, **kwargs):
         super().__init__(**kwargs)
-        self._scorers = _sacrebleu_metrics()
+        self.tokenize = tokenize
+        self._scorers = _sacrebleu_metrics(tokenize)
         # sufficient statistics: BLEU's hyp/ref lengths + matches and totals per n-gram order,
         # chrF's three per order
         sizes = {
@@ -117,29 +196,35 @@ class CorpusScores(Metric):
         }
 
 
-def corpus_scores(hypotheses: Sequence[str], references: Sequence[str]) -> dict[str, float]:
+def corpus_scores(
+    hypotheses: Sequence[str], references: Sequence[str], tokenize: str = DEFAULT_TOKENIZE
+) -> dict[str, float]:
     """sacreBLEU on detokenized text, one reference per hypothesis (same order).
 
-    Returns ``bleu`` (corpus BLEU, cased, 13a tokenization), ``bleu_lc``
-    (lowercased) and ``chrf`` (chrF2), each a float in [0, 100], equal to
-    ``sacrebleu.corpus_bleu``/``corpus_chrf`` (via :class:`CorpusScores`).
+    Returns ``bleu`` (corpus BLEU, cased, tokenized by sacreBLEU's ``tokenize``: see
+    :func:`bleu_tokenizer`), ``bleu_lc`` (lowercased) and ``chrf`` (chrF2), each a float in
+    [0, 100], equal to ``sacrebleu.corpus_bleu(..., tokenize=tokenize)``/``corpus_chrf`` (via
+    :class:`CorpusScores`).
     Raises:
-        ValueError: if the two lists differ in length.
+        ValueError: the two lists differ in length; ``tokenize`` is not a sacreBLEU tokenizer.
         TypeError: if an element is not a ``str``.
     """
-    metric = CorpusScores(sync_on_compute=False)
+    metric = CorpusScores(tokenize, sync_on_compute=False)
     metric.update(hypotheses, references)
     return metric.compute()
 
 
-def sacrebleu_signatures() -> dict[str, str]:
-    """sacreBLEU's signature of each score of :func:`corpus_scores`, for one reference stream.
+def sacrebleu_signatures(tokenize: str = DEFAULT_TOKENIZE) -> dict[str, str]:
+    """sacreBLEU's signature of each score of :func:`corpus_scores` with ``tokenize``, for one
+    reference stream.
 
     Keys ``bleu``, ``bleu_lc``, ``chrf``; values from sacreBLEU's ``get_signature()``, e.g.
-    ``nrefs:1|case:mixed|eff:no|tok:13a|smooth:exp|version:2.6.0``.
+    ``nrefs:1|case:mixed|eff:no|tok:13a|smooth:exp|version:2.6.0`` (``tok:zh`` for ``"zh"``).
+    Raises:
+        ValueError: ``tokenize`` is not one of sacreBLEU's tokenizers.
     """
     signatures = {}
-    for key, scorer in _sacrebleu_metrics().items():
+    for key, scorer in _sacrebleu_metrics(tokenize).items():
         scorer.corpus_score(["."], [["."]])  # sacreBLEU fixes ``nrefs`` when it reads references
         signatures[key] = str(scorer.get_signature())
     return signatures

@@ -6,7 +6,9 @@ its figures and numbers come from.
 
 from __future__ import annotations
 
+import csv
 import subprocess
+from collections.abc import Iterable
 from pathlib import Path
 
 PROJECT = Path(__file__).resolve().parents[3]  # src/attnlab/analysis/ → the project root (editable install)
@@ -29,3 +31,28 @@ def git_commit(root: Path | str = PROJECT) -> str:
     except (OSError, subprocess.CalledProcessError):
         return "unknown (not a git checkout)"
     return f"{sha} with local changes" if dirty else sha
+
+
+def append_rows(path: Path | str, columns: list[str], rows: Iterable[dict]) -> None:
+    """Append ``rows`` to the results CSV ``path`` (``results/*.csv``, a benchmark's ``--record``),
+    writing the header ``columns`` first when the file is new or empty. The header is checked
+    before ``rows`` is read (a generator's errors come after it), and every row is built before
+    any is written.
+
+    Raises:
+        ValueError: the file's header is not ``columns`` (names both).
+    """
+    path = Path(path)
+    new = not path.exists() or path.stat().st_size == 0
+    if not new:
+        with path.open(newline="", encoding="utf-8") as f:
+            header = next(csv.reader(f))
+        if header != columns:
+            raise ValueError(f"{path}: columns {header}, expected {columns}")
+    rows = list(rows)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with path.open("a", newline="", encoding="utf-8") as f:
+        writer = csv.DictWriter(f, columns, lineterminator="\n")
+        if new:
+            writer.writeheader()
+        writer.writerows(rows)

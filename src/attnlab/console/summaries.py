@@ -111,6 +111,15 @@ def _run_rows(record: dict, logged: Iterable[str] = ()) -> tuple[list[tuple[str,
     return [("MLflow run", run_id + what), *mlflow_links(uri, experiment_id, run_id)], []
 
 
+def _bleu_settings(scores: dict) -> str:
+    """``"cased, <tokenizer>"`` from the sacreBLEU signature of ``scores["bleu"]``
+    (``nrefs:1|case:mixed|eff:no|tok:zh|...`` → ``cased, zh``); ``"cased"`` without one."""
+    fields = dict(
+        f.split(":", 1) for f in str(scores.get("signature", {}).get("bleu", "")).split("|") if ":" in f
+    )
+    return f"cased, {fields['tok']}" if "tok" in fields else "cased"
+
+
 def evaluate_summary(
     name: str,
     scores: dict,
@@ -124,7 +133,8 @@ def evaluate_summary(
     Args:
         name: model name.
         scores: what ``metrics/<model>.json`` holds: seq2seq ``bleu``, ``bleu_lc``, ``chrf``
-            (sacreBLEU, 0-100) and ``num_sentences`` (the same of each further test set in
+            (sacreBLEU, 0-100; the tokenizer shown is the ``tok`` of ``signature.bleu``) and
+            ``num_sentences`` (the same of each further test set in
             ``more_test_sets``: a row ``also`` each); NW ``mse``, ``mse_nonparametric``,
             ``mse_average_pooling``, ``w``, ``mse_<kernel>``, ``kernel_width``.
         metrics_path: the metrics JSON file.
@@ -135,7 +145,7 @@ def evaluate_summary(
     if "bleu" in scores:
         title = f"{name}: {scores.get('num_sentences', '?')} test sentences scored"
         rows = [
-            ("test_bleu", f"{scores['bleu']:.2f} (sacreBLEU, cased, 13a)"),
+            ("test_bleu", f"{scores['bleu']:.2f} (sacreBLEU, {_bleu_settings(scores)})"),
             ("bleu_lc", f"{scores['bleu_lc']:.2f}"),
             ("chrF", f"{scores['chrf']:.2f}"),
         ]

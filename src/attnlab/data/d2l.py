@@ -38,7 +38,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from attnlab.data.corpora import CorpusError, TokenizeError, TokenizeReport, read_zip_text
+from attnlab.data.corpora import CorpusError, TokenizeError, TokenizeReport, corpus_folder, read_zip_text
 from attnlab.data.special_tokens import BOS_ID, EOS_ID, PAD_ID, UNK_ID
 from attnlab.files import staged_dir, write_json_atomic, write_lines_atomic, write_npz_atomic
 
@@ -287,7 +287,8 @@ def tokenize_d2l(cfg, out: Path) -> TokenizeReport:
     ``num_steps``, so no pair is dropped. ``out`` is replaced only once all is written.
 
     Args:
-        cfg: the composed config: ``cfg.data`` (``conf/data/fra_eng_d2l.yaml``) and ``cfg.paths.raw``.
+        cfg: the composed config: ``cfg.data`` (``conf/data/fra_eng_d2l.yaml``) and ``cfg.paths``
+            (``fra-eng.zip`` in :func:`attnlab.data.corpora.corpus_folder`).
         out: the output folder.
     Returns:
         the :class:`attnlab.data.corpora.TokenizeReport` of ``out``.
@@ -295,7 +296,7 @@ def tokenize_d2l(cfg, out: Path) -> TokenizeReport:
         CorpusError: ``fra-eng.zip`` is missing or corrupt.
         TokenizeError: a direction other than en→fr, or too few examples for ``data.num_train``.
     """
-    zip_path = Path(cfg.paths.raw) / "fra-eng.zip"
+    zip_path = corpus_folder(cfg) / "fra-eng.zip"
     c = cfg.data
     if (c.src_lang, c.tgt_lang) != ("en", "fr"):
         raise TokenizeError(

@@ -1,4 +1,9 @@
-"""LightningDataModule over the tokenize stage's output folder."""
+"""LightningDataModule over the tokenize stage's output folder.
+
+A sentencepiece corpus's splits are memory-mapped (:func:`attnlab.data.tokenizer.load_split`)
+and batched from numpy arrays (:mod:`attnlab.data.batching`): what training holds grows with
+the corpus by a few bytes a pair, whatever its size.
+"""
 
 from __future__ import annotations
 
@@ -74,7 +79,8 @@ class TranslationDataModule(pl.LightningDataModule):
 
     Args:
         tokenized_dir: folder with the tokenizer (``spm.model`` or ``vocab.json``)
-            and ``{train,val,test}.npz``.
+            and the splits' ids (``{split}.{src,tgt}.{ids,offsets}.npy``, memory-mapped;
+            D2L's arrays: ``{train,val}.npz``).
         batch_size: sentence pairs per batch (validation/test; training too unless ``max_tokens``).
         max_len: training pairs with ≥ max_len tokens on a side are dropped (val/test keep all).
         seed: shuffling seed.
@@ -118,7 +124,7 @@ class TranslationDataModule(pl.LightningDataModule):
 
                 self.splits[split] = ArrayDataset(load_arrays(self.dir / f"{split}.npz"))
             else:
-                src, tgt = load_split(self.dir / f"{split}.npz")
+                src, tgt = load_split(self.dir / split)
                 self.splits[split] = PairDataset(src, tgt, self.max_len if split == "train" else None)
         return self.splits[split]
 

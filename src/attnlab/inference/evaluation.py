@@ -18,7 +18,7 @@ from attnlab.data.synthetic import synthetic_from_config
 from attnlab.data.tokenizer import load_sentencepiece
 from attnlab.device import single_device
 from attnlab.inference.decoding import LENGTH_PENALTY, MAX_OUTPUT_LEN, require_bf16_units, translate_text
-from attnlab.metrics import corpus_scores, sacrebleu_signatures
+from attnlab.metrics import bleu_tokenizer, corpus_scores, sacrebleu_signatures
 from attnlab.models import Bahdanau, NadarayaWatson, Transformer
 from attnlab.models.nadaraya_watson import nw_evaluation
 
@@ -51,8 +51,11 @@ class Evaluation:
 def evaluate_translation(cfg: DictConfig, net: Transformer | Bahdanau) -> Evaluation:
     """Beam search (``model.decoding``: beam_size, alpha; bf16 autocast if ``bf16``) over the test
     split on the one device ``device`` names, detokenized and scored with sacreBLEU (corpus BLEU
-    cased 13a, lowercased BLEU, chrF). The scores also say what was measured, as MT papers report
-    it: corpus, src_lang, tgt_lang, test_set, the decoding settings and the sacreBLEU signatures.
+    cased, lowercased BLEU, chrF). BLEU's tokenizer follows ``data.tgt_lang`` (zh → zh, ja →
+    ja-mecab, ko → ko-mecab, else 13a) unless ``data.bleu_tokenize`` names one
+    (:func:`attnlab.metrics.bleu_tokenizer`). The scores also say what was measured, as MT papers
+    report it: corpus, src_lang, tgt_lang, test_set, the decoding settings and the sacreBLEU
+    signatures (``tok:zh``, ...).
 
     Each split of ``data.more_test_splits`` (keys of ``data.splits``: Multi30k's test_2017_flickr)
     is decoded and scored the same way and reported under its file's name: ``more_test_sets``
@@ -66,6 +69,8 @@ def evaluate_translation(cfg: DictConfig, net: Transformer | Bahdanau) -> Evalua
             further test splits of ``data.splits``; or the tokenized folder lacks a split's
             text (it predates the config: re-run the tokenize stage). All checked before
             anything is decoded.
+        ValueError: ``data.bleu_tokenize`` is not a sacreBLEU tokenizer (checked before the
+            tokenized folder).
         DeviceUnavailableError: the device is not available here.
         Bf16UnitsError: ``model.decoding.bf16`` on a device without bf16 units
             (:func:`attnlab.inference.decoding.require_bf16_units`). Both checked before anything is decoded.
@@ -75,10 +80,11 @@ def evaluate_translation(cfg: DictConfig, net: Transformer | Bahdanau) -> Evalua
             "D2L scores its models with "
             f"`python src/d2l_table.py data={cfg.data.name} model={cfg.model.name}`"
             if cfg.data.get("tokenize")
-            else f"model={cfg.model.name} translates: choose data=multi30k or data=fra_eng"
+            else f"model={cfg.model.name} translates: choose data=multi30k, data=fra_eng or data=parallel"
         )
         raise NoTestSplitError(f"data={cfg.data.name} has no test split; {fix}")
     more = _more_test_splits(cfg.data)
+    tokenize = bleu_tokenizer(cfg.data.tgt_lang, cfg.data.get("bleu_tokenize"))
     tok_dir = Path(cfg.paths.tokenized)
     for split in ("test", *more.values()):
         missing = [f for f in (f"{split}.src.txt", f"{split}.tgt.txt") if not (tok_dir / f).is_file()]
@@ -120,7 +126,8 @@ def evaluate_translation(cfg: DictConfig, net: Transformer | Bahdanau) -> Evalua
             alpha=decoding["alpha"],
             bf16=bf16,
         )
-        return {**corpus_scores(hypotheses, references), "num_sentences": len(hypotheses)}, hypotheses
+        scores = corpus_scores(hypotheses, references, tokenize)
+        return {**scores, "num_sentences": len(hypotheses)}, hypotheses
 
     main, hypotheses = score("test")
     scored = {name: score(key) for name, key in more.items()}
@@ -130,7 +137,7 @@ def evaluate_translation(cfg: DictConfig, net: Transformer | Bahdanau) -> Evalua
         "tgt_lang": cfg.data.tgt_lang,
         "test_set": cfg.data.test_set,
     }
-    signatures = sacrebleu_signatures()
+    signatures = sacrebleu_signatures(tokenize)
     scores = {**main, **measured, "decoding": decoding, "signature": signatures}
     logged = {"test_bleu": main["bleu"], "test_bleu_lc": main["bleu_lc"], "test_chrf": main["chrf"]}
     if scored:

@@ -19,13 +19,14 @@ from torchmetrics import MeanMetric
 
 from attnlab.analysis.heads import head_statistics
 from attnlab.analysis.viz import translation_heatmaps
+from attnlab.checkpoint import TOKENIZER_KEY, tokenizer_record
 from attnlab.data.corpora import read_lines
 from attnlab.data.datamodule import TranslationDataModule
 from attnlab.data.tokenizer import PAD_ID
 from attnlab.inference.decoding import translate_text
 from attnlab.lit.heatmaps import EpochHeatmaps
 from attnlab.loss import NonFiniteLossError, sequence_loss
-from attnlab.metrics import CorpusScores
+from attnlab.metrics import CorpusScores, bleu_tokenizer
 from attnlab.models import build_net
 
 
@@ -84,6 +85,8 @@ class TranslationModule(pl.LightningModule):
             et al.; no planned length) or ``"linear"`` (:func:`linear_warmup_decay`, to 0 at the
             last step of ``trainer.max_epochs``/``max_steps``: Lightning's
             ``estimated_stepping_batches``).
+        bleu_tokenize: sacreBLEU's tokenizer for ``val_bleu`` (:func:`attnlab.metrics.bleu_tokenizer`
+            of the target language: ``from_config`` passes it).
     Logged metrics: ``train_loss``, ``val_loss`` (cross-entropy per target token),
     ``val_bleu`` and ``val_chrf`` (sacreBLEU, in [0, 100]; per epoch), ``tokens_per_sec``.
     Progress bar only (not logged): ``loss`` (the step's training loss) and ``tokens/s``
@@ -110,6 +113,7 @@ class TranslationModule(pl.LightningModule):
         lr_decay: str = "inverse_sqrt",
         val_batch_size: int = 256,
         src_vocab_size: int | None = None,
+        bleu_tokenize: str = "13a",
     ):
         super().__init__()
         if lr_decay not in LR_DECAYS:
@@ -124,13 +128,22 @@ class TranslationModule(pl.LightningModule):
         # weight kept): "warn"/"ignore" would drop the batch, and "disable" replaces every
         # weight by 1 in torchmetrics ≤ 1.9 (Lightning-AI/torchmetrics#3434).
         self.val_loss = MeanMetric(nan_strategy=float("nan"))
-        self.val_scores = CorpusScores()
+        self.val_scores = CorpusScores(bleu_tokenize)
         self.tokenizer = None
+        # The tokenizer file the net trains with (attnlab.checkpoint.tokenizer_record), saved in
+        # every checkpoint: a fine-tune (+init_from) checks its corpus was tokenized with it.
+        self.tokenizer_facts: dict | None = None
         self.val_texts: tuple[list[str], list[str]] | None = None
         self.heatmap_sources: list[str] = []  # the sentences of the attention maps
         self.stats_batch: dict[str, torch.Tensor] | None = None  # the head statistics' val pairs
         self._epoch_tokens = 0
         self._epoch_start = self._epoch_train_time = 0.0
+
+    def on_save_checkpoint(self, checkpoint: dict) -> None:
+        """Record the tokenizer file (name, sha256, folder) under
+        :data:`attnlab.checkpoint.TOKENIZER_KEY`: strings only, read with ``weights_only=True``."""
+        if self.tokenizer_facts is not None:
+            checkpoint[TOKENIZER_KEY] = dict(self.tokenizer_facts)
 
     def forward(self, src, src_valid_lens, tgt_in):
         return self.net(src, src_valid_lens, tgt_in)
@@ -278,14 +291,19 @@ class TranslationModule(pl.LightningModule):
 
         The net is ``model.net`` sized to the tokenized corpus (``paths.tokenized``); the module
         gets the tokenizer, the first ``data.val_bleu_sentences`` val pairs (scored for
-        ``val_bleu``) and the val sources at ``heatmaps.sentences`` (indices past the split are
-        skipped).
+        ``val_bleu`` with the sacreBLEU tokenizer of ``data.tgt_lang``, or ``data.bleu_tokenize``
+        when set: :func:`attnlab.metrics.bleu_tokenizer`), the val sources at
+        ``heatmaps.sentences`` (indices past the split are skipped) and the record of the
+        tokenizer file (:func:`attnlab.checkpoint.tokenizer_record`) its checkpoints keep.
         Raises:
-            ValueError: ``data=synthetic`` (a translation model needs a corpus).
+            ValueError: ``data=synthetic`` (a translation model needs a corpus); an unknown
+                ``data.bleu_tokenize``.
             FileNotFoundError: the corpus is not tokenized yet (names the stage to run).
         """
         if cfg.data.name == "synthetic":
-            raise ValueError(f"model={cfg.model.name} translates; choose data=multi30k or data=fra_eng")
+            raise ValueError(
+                f"model={cfg.model.name} translates; choose data=multi30k, data=fra_eng or data=parallel"
+            )
         dm = TranslationDataModule(
             cfg.paths.tokenized,
             cfg.model.batch_size,
@@ -302,10 +320,12 @@ class TranslationModule(pl.LightningModule):
             warmup_steps=cfg.model.warmup_steps,
             lr_decay=cfg.model.lr_decay,
             src_vocab_size=dm.src_vocab_size,
+            bleu_tokenize=bleu_tokenizer(cfg.data.tgt_lang, cfg.data.get("bleu_tokenize")),
         )
         tok_dir, n = Path(cfg.paths.tokenized), cfg.data.val_bleu_sentences
         sources = read_lines(tok_dir / "val.src.txt")
         module.tokenizer = dm.tokenizer
+        module.tokenizer_facts = tokenizer_record(tok_dir)
         module.val_texts = (sources[:n], read_lines(tok_dir / "val.tgt.txt")[:n])
         module.heatmap_sources = [sources[i] for i in cfg.heatmaps.sentences if i < len(sources)]
         if cfg.heatmaps.head_stats_sentences:
