@@ -23,7 +23,7 @@ import hydra
 from hydra.utils import get_method
 from omegaconf import DictConfig
 
-from attnlab.checkpoint import load_net
+from attnlab.checkpoint import TokenizerMismatchError, check_trained_tokenizer, load_net
 from attnlab.console import logs, summaries
 from attnlab.device import DeviceUnavailableError
 from attnlab.files import write_json_atomic, write_lines_atomic
@@ -41,6 +41,10 @@ def main(cfg: DictConfig) -> None:
     prepare_store(record["tracking_uri"], cfg.mlflow.artifact_location)
     load = get_method(cfg.model.task.load) if cfg.model.task.get("load") else load_net  # image models
     net = load(record["checkpoint"], expected_kind=name)
+    try:  # the test split must be the tokenized corpus the model trained on
+        check_trained_tokenizer(record["checkpoint"], cfg.paths.tokenized)
+    except TokenizerMismatchError as e:
+        raise SystemExit(f"evaluate failed: {e}") from None
     metrics_path = Path(cfg.paths.metrics) / f"{name}.json"
     try:
         result = evaluate(cfg, net)

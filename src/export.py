@@ -19,7 +19,7 @@ import hydra
 from hydra.utils import get_method
 from omegaconf import DictConfig
 
-from attnlab.checkpoint import load_net
+from attnlab.checkpoint import TokenizerMismatchError, check_trained_tokenizer, load_net
 from attnlab.console import logs, summaries
 from attnlab.tracking.store import prepare_store, read_run_record
 
@@ -33,6 +33,10 @@ def main(cfg: DictConfig) -> None:
     prepare_store(record["tracking_uri"], cfg.mlflow.artifact_location)
     load = get_method(cfg.model.task.load) if cfg.model.task.get("load") else load_net  # image models
     net = load(record["checkpoint"], expected_kind=name)
+    try:  # the export carries the tokenizer: it must be the one the model trained with
+        check_trained_tokenizer(record["checkpoint"], cfg.paths.tokenized)
+    except TokenizerMismatchError as e:
+        raise SystemExit(f"export failed: {e}") from None
     out_dir = Path(cfg.paths.models) / name
     try:
         with logs.hide_mlflow_prints():  # "Successfully registered model ...": the summary says it

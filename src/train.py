@@ -32,7 +32,7 @@ from hydra.utils import get_class, get_method, instantiate
 from omegaconf import DictConfig, OmegaConf
 from pytorch_lightning.utilities import rank_zero_only
 
-from attnlab.checkpoint import load_net
+from attnlab.checkpoint import load_net, tokenizer_record
 from attnlab.console import logs, summaries
 from attnlab.data.tokenizer import corpus_path_tag
 from attnlab.files import ensure_writable
@@ -64,7 +64,8 @@ def main(cfg: DictConfig) -> None:
     # The model's task (conf/model/<model>.yaml: task.module) builds its module and data.
     module, loaders = get_class(cfg.model.task.module).from_config(cfg)
     fingerprint = config_fingerprint(cfg)
-    resume, why = find_resume_point(checkpoints.folder, fingerprint)
+    # a checkpoint of this config on a corpus tokenized anew since (same folder) is not resumed
+    resume, why = find_resume_point(checkpoints.folder, fingerprint, tokenizer_record(cfg.paths.tokenized))
     if why:
         log.info(why)
     # task.load: a task whose nets attnlab.checkpoint.load_net does not build (the image models)

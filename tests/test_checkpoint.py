@@ -85,3 +85,30 @@ def test_truncated_checkpoint_is_a_checkpoint_error(nw_checkpoint, tmp_path):
             rf"\({cause}.*retrain with `python src/train\.py` or copy the file again",
         ):
             load_net(tmp_path / name)
+
+
+def test_a_stage_given_another_corpus_than_the_checkpoint_trained_on_is_refused(tmp_path):
+    """evaluate and export read the tokenized folder of the config they are given: another
+    corpus's (the default Multi30k's, for a model of a user's zh-en corpus) would score the
+    wrong test set, or ship the wrong tokenizer with the export."""
+    from attnlab.checkpoint import TOKENIZER_KEY, TokenizerMismatchError, check_trained_tokenizer, file_sha256
+
+    trained, other = tmp_path / "parallel-zh-en", tmp_path / "multi30k-en-fr"
+    for folder, data in ((trained, b"zh-en pieces"), (other, b"en-fr pieces")):
+        folder.mkdir()
+        (folder / "spm.model").write_bytes(data)
+    ckpt = tmp_path / "best.ckpt"
+    record = {"file": "spm.model", "sha256": file_sha256(trained / "spm.model"), "folder": str(trained)}
+    torch.save({TOKENIZER_KEY: record}, ckpt)
+    check_trained_tokenizer(ckpt, trained)  # the corpus it trained on
+    check_trained_tokenizer(ckpt, tmp_path / "no-tokenizer-here")  # nothing to compare
+    with pytest.raises(TokenizerMismatchError) as e:
+        check_trained_tokenizer(ckpt, other)
+    assert str(e.value) == (
+        f"{ckpt} trained with {trained}/spm.model (sha256 {record['sha256'][:12]}…), not with "
+        f"{other}/spm.model (sha256 {file_sha256(other / 'spm.model')[:12]}…): give this stage the "
+        "data settings the model trained with (e.g. data=parallel data.src_lang=zh "
+        "data.tgt_lang=en), or tokenize that corpus again"
+    )
+    torch.save({}, ckpt)  # a checkpoint from before the record
+    check_trained_tokenizer(ckpt, other)

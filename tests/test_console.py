@@ -350,6 +350,11 @@ def _emit() -> list[str]:
             PossibleUserWarning,
             stacklevel=2,
         )
+        warnings.warn(
+            "Glyph 25105 (\N{CJK UNIFIED IDEOGRAPH-6211}) missing from font(s) DejaVu Sans.",
+            UserWarning,
+            stacklevel=2,
+        )
         warnings.warn("training loss is nan at step 3", UserWarning, stacklevel=2)
     return [str(w.message) for w in caught]
 
@@ -367,6 +372,7 @@ def test_setup_hides_known_noise_keeps_real_warnings_and_verbose_keeps_everythin
     ]
     both_warnings = [
         "The 'train_dataloader' does not have many workers which may be a bottleneck.",
+        "Glyph 25105 (\N{CJK UNIFIED IDEOGRAPH-6211}) missing from font(s) DejaVu Sans.",
         "training loss is nan at step 3",
     ]
 

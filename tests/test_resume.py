@@ -16,7 +16,7 @@ import pytest
 import torch
 from hydra import compose, initialize_config_dir
 
-from attnlab.lit.resume import config_fingerprint
+from attnlab.lit.resume import config_fingerprint, find_resume_point
 from helpers.tiny_train import (
     ROOT,
     STEPS_PER_EPOCH,
@@ -141,3 +141,29 @@ def test_fingerprint_ignores_heatmaps_but_not_what_is_trained():
     assert _fingerprint("heatmaps.sentences=[5]", "heatmaps.epoch_kinds=[alignment]") == base
     assert _fingerprint("model.max_tokens=1200") != base
     assert _fingerprint("optimizer.lr=0.002") != base
+
+
+def test_a_checkpoint_of_another_tokenizer_is_not_resumed(tmp_path):
+    """Another corpus of the same pair, tokenized into the same folder since the kill: the
+    same config, but last.ckpt's embeddings index another vocabulary. Resuming would crash on
+    the shapes, or (same size) go on with the wrong pieces: it starts afresh, saying why."""
+    last = tmp_path / "last.ckpt"
+    record = {"file": "spm.model", "sha256": "a" * 64, "folder": "/p/data/tokenized/parallel-zh-en"}
+    torch.save(
+        {
+            "epoch": 0,
+            "global_step": 3,
+            "callbacks": {"ResumeState": {"fingerprint": "f", "run_id": "r1"}},
+            "tokenizer": record,
+        },
+        last,
+    )
+    resume, why = find_resume_point(tmp_path, "f", {**record, "sha256": "b" * 64})
+    assert resume is None
+    assert why == (
+        f"ignoring {last}: trained with another spm.model (sha256 aaaaaaaaaaaa…, now bbbbbbbbbbbb…): "
+        "the corpus was tokenized anew since; starting afresh"
+    )
+    for same in (record, None):  # the same file, or a run without a corpus (NW)
+        resume, why = find_resume_point(tmp_path, "f", same)
+        assert (resume.path, resume.run_id) == (last, "r1") and why.startswith(f"resuming from {last}")

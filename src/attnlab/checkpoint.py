@@ -57,6 +57,30 @@ def tokenizer_record(tokenized_dir: Path) -> dict | None:
     return None
 
 
+class TokenizerMismatchError(ValueError):
+    """A stage was given a tokenized corpus other than the one the checkpoint trained on."""
+
+
+def check_trained_tokenizer(checkpoint: Path, tokenized_dir: Path) -> None:
+    """Refuse to evaluate or export a checkpoint with another corpus's tokenizer: the
+    checkpoint's :data:`TOKENIZER_KEY` record against ``tokenized_dir``'s file (sha256). A
+    checkpoint without the record, or a folder without a tokenizer, is not checked.
+
+    Raises:
+        TokenizerMismatchError: names both tokenizers and the fix (the data settings of train).
+    """
+    theirs = torch.load(checkpoint, map_location="cpu", weights_only=True).get(TOKENIZER_KEY)
+    here = tokenizer_record(tokenized_dir)
+    if not theirs or not here or theirs.get("sha256") == here["sha256"]:
+        return
+    raise TokenizerMismatchError(
+        f"{checkpoint} trained with {theirs.get('folder')}/{theirs.get('file')} (sha256 "
+        f"{str(theirs.get('sha256'))[:12]}…), not with {here['folder']}/{here['file']} (sha256 "
+        f"{here['sha256'][:12]}…): give this stage the data settings the model trained with "
+        "(e.g. data=parallel data.src_lang=zh data.tgt_lang=en), or tokenize that corpus again"
+    )
+
+
 def _saved_by_torch(path: Path) -> bool:
     """Whether the file is laid out as ``torch.save`` writes one: a zip archive, or (torch < 1.6)
     a pickle, which starts with the PROTO opcode."""

@@ -25,6 +25,8 @@ NOISE_WARNINGS = (
     r".*does not have many workers",  # our loaders batch in the main process by design
     r".*is smaller than the logging interval",  # log_every_n_steps vs. a short epoch
     r".*isinstance\(treespec, LeafSpec\)` is deprecated",  # Lightning vs. this torch version
+    # one per CJK character of a heatmap: the boxes are a known limit (docs/how-to/own-corpus.md)
+    r"Glyph \d+ .*missing from font",
 )
 # Log lines of Lightning and MLflow that are noise for every run (regular expressions searched
 # in the formatted message).

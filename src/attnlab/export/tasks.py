@@ -47,7 +47,9 @@ def export_translation_model(cfg: DictConfig, net: nn.Module, record: dict, out_
             + (
                 " uses D2L's word vocabularies: train and score it with scripts/reproduce_d2l.sh)"
                 if (spm_model.parent / "vocab.json").exists()
-                else "; run `dvc repro tokenize`)"
+                else "): export reads the tokenized corpus of the data settings it is given, so give "
+                "it those the model trained with (e.g. `python src/export.py model=transformer "
+                "data=parallel data.src_lang=zh data.tgt_lang=en`), or run `dvc repro tokenize`"
             )
         )
     facts = _facts(cfg, record)

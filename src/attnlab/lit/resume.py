@@ -23,6 +23,7 @@ import torch
 from omegaconf import DictConfig, OmegaConf
 from pytorch_lightning.callbacks import ModelCheckpoint
 
+from attnlab.checkpoint import TOKENIZER_KEY
 from attnlab.files import rebase
 
 LAST = "last"
@@ -92,12 +93,17 @@ class ResumePoint:
     run_id: str | None
 
 
-def find_resume_point(checkpoint_dir: Path, fingerprint: str) -> tuple[ResumePoint | None, str]:
+def find_resume_point(
+    checkpoint_dir: Path, fingerprint: str, tokenizer: dict | None = None
+) -> tuple[ResumePoint | None, str]:
     """The resume point in ``checkpoint_dir`` for a run with ``fingerprint``, and why (one line).
 
-    ``last.ckpt`` is used only when its :class:`ResumeState` fingerprint matches;
-    a checkpoint of another config, an unreadable one or one without the state is
-    ignored (training starts afresh and will overwrite it), and the reason says so.
+    ``last.ckpt`` is used only when its :class:`ResumeState` fingerprint matches, and, when
+    ``tokenizer`` (:func:`attnlab.checkpoint.tokenizer_record` of this run's corpus) and the
+    checkpoint both record one, its tokenizer file is the same (sha256): a corpus tokenized
+    anew into the same folder (another corpus of the same pair) starts afresh. A checkpoint
+    of another config or tokenizer, an unreadable one or one without the state is ignored
+    (training starts afresh and will overwrite it), and the reason says so.
     """
     path = Path(checkpoint_dir) / f"{LAST}.ckpt"
     if not path.exists():
@@ -109,6 +115,13 @@ def find_resume_point(checkpoint_dir: Path, fingerprint: str) -> tuple[ResumePoi
         return None, f"ignoring {path}: not a resumable checkpoint ({type(e).__name__}: {e}); starting afresh"
     if state.get("fingerprint") != fingerprint:
         return None, f"ignoring {path}: written with another config; starting afresh"
+    theirs = ckpt.get(TOKENIZER_KEY)
+    if tokenizer and theirs and theirs.get("sha256") != tokenizer["sha256"]:
+        return None, (
+            f"ignoring {path}: trained with another {theirs.get('file')} (sha256 "
+            f"{str(theirs.get('sha256'))[:12]}…, now {tokenizer['sha256'][:12]}…): the corpus was "
+            "tokenized anew since; starting afresh"
+        )
     epoch = ckpt["epoch"] + 1  # Lightning counts epochs from 0, the console's lines from 1
     return (
         ResumePoint(path, state.get("run_id")),
