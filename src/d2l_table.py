@@ -23,7 +23,7 @@ from attnlab.data.tokenizer import EOS_ID, load_tokenizer
 from attnlab.files import write_json_atomic
 from attnlab.inference.decoding import greedy_decode
 from attnlab.metrics import d2l_bleu
-from attnlab.tracking.store import log_to_run, prepare_store, read_run_record
+from attnlab.tracking.store import TrackingStoreError, log_to_run, prepare_store, read_run_record
 
 # The book's examples and references (D2L 10.7.8 (zh 9.7.6), 11.4.3 (zh 10.4.3), 11.7.6 (zh 10.7.6)).
 ENGLISH = ["go .", "i lost .", "he's calm .", "i'm home ."]
@@ -58,7 +58,10 @@ def main(cfg: DictConfig) -> None:
         )
     name = cfg.model.name
     record = read_run_record(Path(cfg.paths.runs) / f"{name}.json", name)
-    prepare_store(record["tracking_uri"], cfg.mlflow.artifact_location)
+    try:
+        prepare_store(record["tracking_uri"], cfg.mlflow.artifact_location)
+    except TrackingStoreError as e:
+        raise SystemExit(f"d2l_table: {e}") from None
     net = load_net(record["checkpoint"], expected_kind=name)
     with torch.no_grad():
         rows = d2l_table(net, load_tokenizer(cfg.paths.tokenized))

@@ -29,7 +29,7 @@ from attnlab.device import DeviceUnavailableError
 from attnlab.files import write_json_atomic, write_lines_atomic
 from attnlab.inference.decoding import Bf16UnitsError
 from attnlab.inference.evaluation import NoTestSplitError
-from attnlab.tracking.store import log_to_run, prepare_store, read_run_record
+from attnlab.tracking.store import TrackingStoreError, log_to_run, prepare_store, read_run_record
 
 
 @hydra.main(version_base="1.3", config_path="../conf", config_name="config")
@@ -38,7 +38,10 @@ def main(cfg: DictConfig) -> None:
     name = cfg.model.name
     evaluate = get_method(cfg.model.task.evaluate)  # the model's task: attnlab.inference.evaluation
     record = read_run_record(Path(cfg.paths.runs) / f"{name}.json", name)
-    prepare_store(record["tracking_uri"], cfg.mlflow.artifact_location)
+    try:
+        prepare_store(record["tracking_uri"], cfg.mlflow.artifact_location)
+    except TrackingStoreError as e:
+        raise SystemExit(f"evaluate: {e}") from None
     load = get_method(cfg.model.task.load) if cfg.model.task.get("load") else load_net  # image models
     net = load(record["checkpoint"], expected_kind=name)
     try:  # the test split must be the tokenized corpus the model trained on

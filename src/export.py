@@ -21,7 +21,7 @@ from omegaconf import DictConfig
 
 from attnlab.checkpoint import TokenizerMismatchError, check_trained_tokenizer, load_net
 from attnlab.console import logs, summaries
-from attnlab.tracking.store import prepare_store, read_run_record
+from attnlab.tracking.store import TrackingStoreError, prepare_store, read_run_record
 
 
 @hydra.main(version_base="1.3", config_path="../conf", config_name="config")
@@ -30,7 +30,10 @@ def main(cfg: DictConfig) -> None:
     name = cfg.model.name
     export = get_method(cfg.model.task.export)  # the model's task: attnlab.export.tasks
     record = read_run_record(Path(cfg.paths.runs) / f"{name}.json", name)
-    prepare_store(record["tracking_uri"], cfg.mlflow.artifact_location)
+    try:
+        prepare_store(record["tracking_uri"], cfg.mlflow.artifact_location)
+    except TrackingStoreError as e:
+        raise SystemExit(f"export: {e}") from None
     load = get_method(cfg.model.task.load) if cfg.model.task.get("load") else load_net  # image models
     net = load(record["checkpoint"], expected_kind=name)
     try:  # the export carries the tokenizer: it must be the one the model trained with

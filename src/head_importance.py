@@ -27,7 +27,7 @@ from attnlab.data.tokenizer import load_sentencepiece
 from attnlab.files import write_json_atomic, write_text_atomic
 from attnlab.inference.decoding import translate_text
 from attnlab.metrics import bleu_tokenizer, corpus_scores
-from attnlab.tracking.store import log_to_run, prepare_store, read_run_record
+from attnlab.tracking.store import TrackingStoreError, log_to_run, prepare_store, read_run_record
 
 BATCH_SIZE = 128
 
@@ -46,7 +46,10 @@ def main(cfg: DictConfig) -> None:
     name = cfg.model.name
     tokenize = bleu_tokenizer(cfg.data.tgt_lang, cfg.data.get("bleu_tokenize"))
     record = read_run_record(Path(cfg.paths.runs) / f"{name}.json", name)
-    prepare_store(record["tracking_uri"], cfg.mlflow.artifact_location)
+    try:
+        prepare_store(record["tracking_uri"], cfg.mlflow.artifact_location)
+    except TrackingStoreError as e:
+        raise SystemExit(f"head_importance: {e}") from None
     net = load_net(record["checkpoint"], expected_kind=name).eval()
     tok_dir, n = Path(cfg.paths.tokenized), cfg.head_importance.sentences
     tokenizer = load_sentencepiece(tok_dir / "spm.model")

@@ -33,6 +33,7 @@ from omegaconf import DictConfig, OmegaConf
 from pytorch_lightning.utilities import rank_zero_only
 
 from attnlab.checkpoint import load_net, tokenizer_record
+from attnlab.config import check_precision
 from attnlab.console import logs, summaries
 from attnlab.data.tokenizer import corpus_path_tag
 from attnlab.files import ensure_writable
@@ -40,7 +41,7 @@ from attnlab.lit.checkpoints import TrainingCheckpoints
 from attnlab.lit.history import EpochHistoryLogger
 from attnlab.lit.init_from import InitFromError, start_from_parent
 from attnlab.lit.resume import ResumeState, config_fingerprint, find_resume_point
-from attnlab.tracking.store import prepare_store, write_run_record
+from attnlab.tracking.store import TrackingStoreError, prepare_store, write_run_record
 from attnlab.tracking.sweep import sweep_job
 
 log = logging.getLogger("train")
@@ -56,9 +57,16 @@ def clear_plots(folder: Path) -> None:
 @hydra.main(version_base="1.3", config_path="../conf", config_name="config")
 def main(cfg: DictConfig) -> None:
     logs.setup()  # quiet logs under `dvc repro`; ATTNLAB_VERBOSE=1 shows everything
+    try:
+        check_precision(cfg.trainer.precision, cfg.device.accelerator)
+    except ValueError as e:
+        raise SystemExit(f"train: {e}") from None
     sweep = sweep_job(cfg)  # multirun (-m): outputs in the job's dir, run nested in the sweep's
     ensure_writable(cfg.paths.checkpoints, cfg.paths.runs, cfg.paths.plots)
-    prepare_store(cfg.mlflow.tracking_uri, cfg.mlflow.artifact_location)
+    try:
+        prepare_store(cfg.mlflow.tracking_uri, cfg.mlflow.artifact_location)
+    except TrackingStoreError as e:
+        raise SystemExit(f"train: {e}") from None
     checkpoints = TrainingCheckpoints(cfg.checkpoint, cfg.paths.checkpoints)
     pl.seed_everything(cfg.seed, workers=True)
     # The model's task (conf/model/<model>.yaml: task.module) builds its module and data.

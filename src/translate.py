@@ -12,10 +12,11 @@ Sentences reach the model verbatim. Each ``+text=…`` argument (also ``text=…
 passed it, taken out of the command line before Hydra reads it, so quotes,
 apostrophes, ``=``, commas, brackets, ``true``, ``null``, numbers and leading dashes are
 text, never Hydra syntax or types. Without any, sentences are read from stdin, one a
-line. All other arguments are Hydra overrides (settings). One line out per sentence
-in; a sentence with nothing to translate (empty, spaces, invisible characters) gives an
-empty line; a sentence longer than the export's limit (config.json →
-serving.max_input_chars) is an error, as in the served model.
+line (UTF-8; a byte that is not is an error naming its line). All other arguments are Hydra
+overrides (settings). One line out per sentence in; a sentence with nothing to translate
+(empty, spaces, invisible characters) gives an empty line; a sentence longer than the
+export's limit (config.json → serving.max_input_chars), or one that is not text (a lone
+surrogate), is an error, as in the served model.
 
 ``+show_attention=true`` also draws the cross attention of every translation printed (the
 Transformer's encoder–decoder attention, every layer and head; Bahdanau's alignment): one PNG
@@ -24,6 +25,8 @@ folder (``outputs/<date>/<time>/attention/``); where is said on stderr, so stdou
 line per sentence.
 """
 
+import codecs
+import os
 import re
 import sys
 from pathlib import Path
@@ -32,7 +35,7 @@ import hydra
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig
 
-from attnlab.serving.translator import NoAttentionError, Translator
+from attnlab.serving.translator import InputTooLongError, InvalidRequestError, NoAttentionError, Translator
 
 TEXT_ARGUMENT = re.compile(r"\+{0,2}text=", re.DOTALL)
 _sentences: list[str] = []  # the +text=… arguments of this command, verbatim
@@ -46,6 +49,45 @@ def take_sentences(argv: list[str]) -> tuple[list[str], list[str]]:
         m = TEXT_ARGUMENT.match(arg)
         (sentences.append(arg[m.end() :]) if m else overrides.append(arg))
     return overrides, sentences
+
+
+_TO_UTF8 = "convert it to UTF-8 first, e.g. `iconv -f latin1 -t utf-8 in.txt | python src/translate.py …`"
+
+
+def read_sentences(raw: bytes) -> list[str]:
+    """stdin's bytes → one sentence a line, as text mode reads them (``\\n``, ``\\r\\n`` or ``\\r``
+    ends a line; no sentence after a final line break), decoded as UTF-8, a leading
+    byte-order mark dropped.
+
+    Raises:
+        SystemExit: a byte that is not UTF-8 (names the line, the byte and the fix).
+    """
+    raw = raw.removeprefix(codecs.BOM_UTF8)
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as e:
+        line, start = raw.count(b"\n", 0, e.start) + 1, raw.rfind(b"\n", 0, e.start) + 1
+        raise SystemExit(
+            f"translate: stdin line {line} is not UTF-8: byte {raw[e.start]:#04x} at byte "
+            f"{e.start - start + 1} of the line ({e.reason}); {_TO_UTF8}"
+        ) from None
+    lines = text.replace("\r\n", "\n").replace("\r", "\n").split("\n")
+    return lines[:-1] if lines[-1] == "" else lines
+
+
+def check_arguments(sentences: list[str]) -> None:
+    """Refuse a ``+text=`` argument that was not UTF-8 (Python keeps such bytes as lone
+    surrogates): SystemExit naming the argument and the byte."""
+    for i, text in enumerate(sentences, 1):
+        try:
+            text.encode("utf-8")
+        except UnicodeEncodeError as e:
+            c = ord(text[e.start])
+            escaped = 0xDC80 <= c <= 0xDCFF  # a byte Python could not decode, kept as U+DC80+byte
+            what = f"byte {os.fsencode(chr(c))[0]:#04x}" if escaped else f"U+{c:04X}, a lone surrogate"
+            raise SystemExit(
+                f"translate: +text argument {i} is not UTF-8: {what} at character {e.start + 1}; {_TO_UTF8}"
+            ) from None
 
 
 @hydra.main(version_base="1.3", config_path="../conf", config_name="config")
@@ -66,16 +108,21 @@ def main(cfg: DictConfig) -> None:
         )
     except (FileNotFoundError, ValueError) as e:
         raise SystemExit(f"translate: {e}") from None
-    sentences = _sentences or [line.rstrip("\r\n") for line in sys.stdin]
+    check_arguments(_sentences)
+    sentences = _sentences or read_sentences(sys.stdin.buffer.read())
     if not cfg.get("show_attention"):
-        for line in translator(sentences):
+        try:
+            translations = translator(sentences)
+        except (InputTooLongError, InvalidRequestError) as e:
+            raise SystemExit(f"translate: {e}") from None
+        for line in translations:
             print(line)
         return
     from attnlab.analysis.alignments import show_alignments  # matplotlib and bokeh: only when asked
 
     try:
         alignments = translator.align(sentences)
-    except NoAttentionError as e:  # model=seq2seq has no attention to show
+    except (NoAttentionError, InputTooLongError, InvalidRequestError) as e:  # seq2seq: no attention
         raise SystemExit(f"translate: {e}") from None
     for a in alignments:
         print(a.translation)

@@ -239,6 +239,38 @@ def test_trainer_full_on_a_gpu_asks_cuda_for_bf16(monkeypatch, bf16, expected):
     assert config.bf16_if_supported("mps") == "32-true"
 
 
+@pytest.mark.parametrize(
+    "precision, accelerator, cuda, refused",
+    [
+        ("16-true", "cpu", False, True),
+        ("16-true", "auto", False, True),
+        ("16-true", "cpu", True, True),  # a GPU in the machine does not help a run on the CPU
+        ("16-true", "auto", True, False),
+        ("16-true", "gpu", True, False),
+        ("16-mixed", "cpu", False, False),  # Lightning makes it bf16-mixed on a CPU
+        ("bf16-mixed", "cpu", False, False),
+        ("32-true", "cpu", False, False),
+    ],
+)
+def test_float16_training_on_the_cpu_is_refused(monkeypatch, precision, accelerator, cuda, refused):
+    import torch
+
+    from attnlab import config
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: cuda)
+    monkeypatch.setattr(config, "cpu_flags", lambda: {"amx_bf16"})
+    if not refused:
+        config.check_precision(precision, accelerator)
+        return
+    with pytest.raises(ValueError) as e:
+        config.check_precision(precision, accelerator)
+    assert str(e.value) == (
+        "trainer.precision=16-true trains in float16, which a CPU cannot do (the loss is NaN from "
+        "the first step, whatever the learning rate): use trainer.precision=32-true, or bf16-mixed "
+        "(this CPU has bf16 units; trainer=full chooses for you)"
+    )
+
+
 @pytest.mark.parametrize("model", ["bahdanau", "transformer"])
 def test_d2l_profiles_share_d2l_yaml_and_state_only_their_model(model):
     profile = _yaml(f"profile/fra_eng_d2l_{model}.yaml")

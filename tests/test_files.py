@@ -2,7 +2,11 @@
 
 import errno
 import os
+import socket
 import stat
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 
@@ -101,3 +105,65 @@ def test_staged_dir_replaces_a_link_not_what_it_points_to(tmp_path):
         (tmp / "config.json").write_text("{}")
     assert not out.is_symlink() and _tree(out) == {"config.json": b"{}"}
     assert _tree(target) == {"keep.txt": b"keep"}
+
+
+# --- a killed run's staging folders ------------------------------------------------
+
+_KILLED_INSIDE = """
+import sys, time
+from pathlib import Path
+from attnlab.files import staged_dir
+with staged_dir(Path(sys.argv[1])) as tmp:
+    (tmp / "half.bin").write_bytes(b"x" * 100_000)
+    print(tmp, flush=True)
+    time.sleep(120)
+"""
+
+
+def _killed_inside_staged_dir(out) -> tuple[Path, int]:
+    """(the staging folder, the pid) of a process SIGKILLed inside ``staged_dir(out)``."""
+    proc = subprocess.Popen(
+        [sys.executable, "-c", _KILLED_INSIDE, str(out)], stdout=subprocess.PIPE, text=True
+    )
+    staging = Path(proc.stdout.readline().strip())
+    proc.kill()
+    proc.wait(timeout=30)
+    proc.stdout.close()
+    return staging, proc.pid
+
+
+def test_the_next_run_removes_a_killed_runs_staging_folder_and_nothing_else(old_out, caplog):
+    before = _tree(old_out)
+    staging, pid = _killed_inside_staged_dir(old_out)
+    assert staging.parent == old_out.parent and (staging / "half.bin").stat().st_size == 100_000
+    assert _tree(old_out) == before  # the kill left the previous output whole
+    host, name = socket.gethostname(), old_out.name
+    kept = [
+        old_out.parent / f".{name}.another-tool.tmp",  # not attnlab's
+        old_out.parent / f".{name}.attnlab-{os.getpid()}@{host}.abcd1234.tmp",  # a live run's
+        old_out.parent / f".{name}.attnlab-{pid}@another-host.abcd1234.tmp",  # can't tell from here
+        old_out.parent / f".other-out.attnlab-{pid}@{host}.abcd1234.tmp",  # another output's
+    ]
+    for path in kept:
+        path.mkdir()
+    with caplog.at_level("WARNING", logger="attnlab.files"), staged_dir(old_out) as tmp:
+        (tmp / "new.txt").write_text("new")
+    assert not staging.exists()
+    assert f"removed {staging}, left by a killed run (pid {pid})" in caplog.text
+    assert sorted(p.name for p in old_out.parent.iterdir()) == sorted([name, *(p.name for p in kept)])
+    assert _tree(old_out) == {"new.txt": b"new"}
+
+
+def test_a_previous_output_moved_aside_by_a_killed_run_is_put_back(old_out):
+    """Killed between staged_dir's two renames: no output, the previous one as ….tmp.old."""
+    before = _tree(old_out)
+    staging, pid = _killed_inside_staged_dir(old_out.parent / "other")
+    aside = old_out.parent / f".{old_out.name}.attnlab-{pid}@{socket.gethostname()}.abcd1234.tmp.old"
+    os.rename(old_out, aside)
+    new = old_out.parent / f".{old_out.name}.attnlab-{pid}@{socket.gethostname()}.abcd1234.tmp"
+    new.mkdir()  # the complete new folder, not yet renamed into place
+    assert files.remove_stale_staging(old_out) == [new, aside]
+    assert _tree(old_out) == before and not aside.exists() and not new.exists()
+    # with the output in place, a leftover ….tmp.old is only removed
+    aside.mkdir()
+    assert files.remove_stale_staging(old_out) == [aside] and _tree(old_out) == before

@@ -28,6 +28,7 @@ from attnlab.serving.translator import (
     EmptyRequestError,
     InputTooLongError,
     InvalidRequestError,
+    InvalidTextError,
     RequestTooLargeError,
     Translator,
     load_translator,
@@ -191,6 +192,12 @@ def test_check_request_names_the_problem_and_decodes_nothing(store, monkeypatch)
             "most 2000 characters (and 32 sentences) each.",
         ),
         ([SOURCES[0], TOO_LONG], InputTooLongError, f"input 1 has {MAX_CHARS + 1} characters"),
+        (
+            [SOURCES[0], "A \ud800 dog."],  # JSON's "\ud800": half of a UTF-16 pair
+            InvalidTextError,
+            "input 1 holds U+D800 at character 2, a lone surrogate, which is not text",
+        ),
+        (["A caf\udce9."], InvalidTextError, "input 0 holds U+DCE9 at character 5"),  # surrogateescape
     ]
     for sentences, error, message in cases:
         with pytest.raises(error) as e:

@@ -12,6 +12,7 @@ import multiprocessing
 import shutil
 from concurrent.futures import ProcessPoolExecutor
 
+import pytest
 from mlflow.tracking import MlflowClient
 
 from attnlab.tracking.store import prepare_store, read_run_record, rebase_moved_store, write_run_record
@@ -157,3 +158,37 @@ def test_the_run_record_names_the_project_store_relative_to_itself(tmp_path):
     ):
         write_run_record(at / "runs/transformer.json", "abc", uri, "attnlab", ckpt, root=at)
         assert read_run_record(at / "runs/transformer.json", "transformer")["tracking_uri"] == uri
+
+
+def test_a_damaged_store_file_is_named_with_the_fix_before_mlflow_opens_it(tmp_path):
+    """Random bytes, or a database cut short, in place of mlflow.db: one error naming the file
+    (not SQLAlchemy's "file is not a database" traceback); a store MLflow wrote, an empty file
+    and no file pass."""
+    import os
+    import sqlite3
+
+    from mlflow.tracking import MlflowClient
+
+    from attnlab.tracking.store import TrackingStoreError, check_store_file
+
+    db = tmp_path / "mlflow.db"
+    uri = f"sqlite:///{db}"
+    check_store_file(uri)  # none yet: MLflow creates it
+    db.write_bytes(b"")
+    check_store_file(uri)
+    db.unlink()
+    MlflowClient(tracking_uri=uri).search_experiments()  # a real store
+    check_store_file(uri)
+    whole = db.read_bytes()
+    fix = f"restore it from a copy, or move it aside (`mv {db} {db}.damaged`) to start an empty store"
+    db.write_bytes(os.urandom(4096))
+    with pytest.raises(TrackingStoreError) as e:
+        check_store_file(uri)
+    assert str(e.value).startswith(
+        f"the MLflow store {db} is damaged or not a database (its first bytes are not SQLite's header): {fix}"
+    )
+    db.write_bytes(whole[:16] + os.urandom(4080))  # the header, then garbage
+    with pytest.raises(TrackingStoreError, match=r"is damaged or not a database \(SQLite: "):
+        check_store_file(uri)
+    with pytest.raises(sqlite3.DatabaseError):  # what MLflow would have met
+        sqlite3.connect(db).execute("select * from experiments").fetchall()

@@ -101,6 +101,43 @@ def test_unwritable_output_dir_fails_before_touching_anything(project, tmp_path,
     assert not (root / "mlflow.db").exists()  # stopped before the MLflow run was created
 
 
+def test_float16_on_the_cpu_is_refused_before_anything_runs(project, tmp_path):
+    """`trainer.precision=16-true` on a CPU: NaN at step 1 if it ran; refused at once, naming
+    precision as the cause (not the learning rate), as one line without a traceback."""
+    root = copy_project(project, tmp_path / "project")
+    result = train(root, "trainer.precision=16-true", "trainer.max_epochs=1", "device=cpu", timeout=120)
+    assert result.returncode == 1
+    assert "Traceback" not in result.stderr, result.stderr[-3000:]
+    assert (
+        result.stderr.strip()
+        .splitlines()[-1]
+        .startswith(
+            "train: trainer.precision=16-true trains in float16, which a CPU cannot do (the loss is NaN "
+            "from the first step, whatever the learning rate): use trainer.precision=32-true, or bf16-mixed"
+        )
+    ), result.stderr[-3000:]
+    assert not (root / "mlflow.db").exists() and not (root / "checkpoints").exists()
+
+
+def test_a_damaged_store_file_stops_training_with_one_line_naming_it(project, tmp_path):
+    root = copy_project(project, tmp_path / "project")
+    db = root / "mlflow.db"
+    db.write_bytes(os.urandom(8192))
+    damaged = db.read_bytes()
+    result = train(root, "trainer.max_epochs=1", timeout=120)
+    assert result.returncode == 1
+    assert "Traceback" not in result.stderr, result.stderr[-3000:]
+    assert (
+        result.stderr.strip()
+        .splitlines()[-1]
+        .startswith(
+            f"train: the MLflow store {db} is damaged or not a database (its first bytes are not "
+            f"SQLite's header): restore it from a copy, or move it aside (`mv {db} {db}.damaged`)"
+        )
+    ), result.stderr[-3000:]
+    assert db.read_bytes() == damaged and not list(root.glob("checkpoints/**/*.ckpt"))
+
+
 _CHILD = """
 import json, resource, sys
 from attnlab.files import OutputDirError, ensure_writable

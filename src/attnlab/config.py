@@ -75,6 +75,29 @@ def bf16_if_supported(accelerator: str = "auto") -> str:
     return "32-true"
 
 
+def check_precision(precision, accelerator: str = "auto") -> None:
+    """Refuse ``trainer.precision=16-true`` (float16 weights and activations) on a CPU, before
+    anything is built: a CPU has no float16 training path, and the loss is NaN from the first
+    step. (Lightning itself turns ``16-mixed`` on a CPU into ``bf16-mixed``, with a warning.)
+
+    ``accelerator``: ``cpu``, or ``auto`` without a CUDA device, is the CPU.
+
+    Raises:
+        ValueError: float16 on the CPU (names the setting and the precisions to use instead).
+    """
+    import torch
+
+    accelerator = str(accelerator).lower()
+    on_cpu = accelerator == "cpu" or (accelerator == "auto" and not torch.cuda.is_available())
+    if str(precision).lower() == "16-true" and on_cpu:
+        units = "has" if has_bf16_units("cpu") else "has no"
+        raise ValueError(
+            f"trainer.precision={precision} trains in float16, which a CPU cannot do (the loss is "
+            "NaN from the first step, whatever the learning rate): use trainer.precision=32-true, "
+            f"or bf16-mixed (this CPU {units} bf16 units; trainer=full chooses for you)"
+        )
+
+
 def register_resolvers() -> None:
     """Register ``${dvc_project:<path>}`` and ``${bf16_if_supported:<accelerator>}`` (idempotent)."""
     if not OmegaConf.has_resolver("dvc_project"):

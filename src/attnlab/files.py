@@ -1,17 +1,23 @@
-"""Atomic file writes: a temporary file beside the target, then a rename.
+"""Atomic file writes: a temporary file beside the target, flushed to disk, then a rename.
 
 A killed process leaves either the old file or the new one, never half of one.
-:func:`staged_dir` does for a whole folder what the writers do for a file.
+:func:`staged_dir` does for a whole folder what the writers do for a file, and removes the
+staging folders of its own killed runs when it starts.
 """
 
 from __future__ import annotations
 
 import json
+import logging
 import os
+import re
 import shutil
+import socket
 import tempfile
 from contextlib import contextmanager
 from pathlib import Path
+
+log = logging.getLogger(__name__)
 
 
 @contextmanager
@@ -23,6 +29,8 @@ def _atomic_file(path: Path, binary: bool):
     try:
         with os.fdopen(fd, "wb") if binary else os.fdopen(fd, "w", encoding="utf-8") as f:
             yield f
+            f.flush()
+            os.fsync(f.fileno())  # on disk before the rename: a crash leaves the old file or this one
         os.chmod(tmp, 0o644)  # mkstemp makes 0600
         os.replace(tmp, path)
     finally:
@@ -65,19 +73,62 @@ def write_npz_atomic(path: Path, **arrays) -> Path:
     return path
 
 
+def _staging_prefix(out: Path) -> str:
+    """The start of the name of a staging folder of ``out``: it names this process and host."""
+    return f".{out.name}.attnlab-{os.getpid()}@{socket.gethostname()}."
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # another user's process
+        return True
+    return True
+
+
+def remove_stale_staging(out: Path) -> list[Path]:
+    """Remove the staging folders of ``out`` that :func:`staged_dir` runs killed on this host
+    left (their process is gone); other folders, and those of live or other hosts' runs, stay.
+
+    A killed run's ``….tmp`` folder is deleted. Its ``….tmp.old`` folder (killed between the two
+    renames) is the previous ``out``: put back when ``out`` is missing, else deleted. Each is
+    logged. Returns the paths removed or put back.
+    """
+    out = Path(out)
+    pattern = re.compile(rf"^\.{re.escape(out.name)}\.attnlab-(\d+)@(.+)\.[^.]+\.tmp(\.old)?$")
+    host, done = socket.gethostname(), []
+    if not out.parent.is_dir():
+        return done
+    for path in sorted(out.parent.iterdir(), key=lambda p: p.name.endswith(".old")):  # .tmp first
+        m = pattern.match(path.name)
+        if not m or m[2] != host or _alive(int(m[1])) or not path.is_dir():
+            continue
+        if m[3] and not (out.exists() or out.is_symlink()):
+            os.rename(path, out)
+            log.warning("put back %s from %s, where a killed run (pid %s) had moved it", out, path, m[1])
+        else:
+            shutil.rmtree(path, ignore_errors=True)
+            log.warning("removed %s, left by a killed run (pid %s)", path, m[1])
+        done.append(path)
+    return done
+
+
 @contextmanager
 def staged_dir(out: Path):
     """Build a folder beside ``out`` and put it in the place of ``out`` when done.
 
-    Yields an empty folder (``.<name>.<random>.tmp`` beside ``out``, parents created,
-    mode 755) to write into. When the block ends normally, ``out`` (a folder, a link or
-    a file, if it exists) is renamed aside, the new folder renamed onto ``out``, and
-    only then is the old one deleted (a link is deleted, not what it points to; a folder
-    that cannot be deleted stays as ``.<name>.<random>.tmp.old``); should
-    the second rename fail, the old one is put back. When the block raises, the new
+    Yields an empty folder (``.<name>.attnlab-<pid>@<host>.<random>.tmp`` beside ``out``,
+    parents created, mode 755) to write into, after :func:`remove_stale_staging`. When the
+    block ends normally, ``out`` (a folder, a link or a file, if it exists) is renamed aside,
+    the new folder renamed onto ``out``, and only then is the old one deleted (a link is
+    deleted, not what it points to; a folder that cannot be deleted stays as ``….tmp.old``);
+    should the second rename fail, the old one is put back. When the block raises, the new
     folder is deleted and ``out`` is left as it was. A process killed inside the block
     leaves ``out`` as it was, plus the temp folder; one killed in the instant between the
-    two renames leaves no ``out`` and the old folder as ``.<name>.<random>.tmp.old``.
+    two renames leaves no ``out`` and the old folder as ``….tmp.old``. The next
+    ``staged_dir`` of ``out`` removes the first and puts the second back.
 
     Raises:
         Whatever the block raises; ``OSError`` if ``out`` cannot be replaced (``out`` is
@@ -85,7 +136,8 @@ def staged_dir(out: Path):
     """
     out = Path(out)
     out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", suffix=".tmp", dir=out.parent))
+    remove_stale_staging(out)
+    tmp = Path(tempfile.mkdtemp(prefix=_staging_prefix(out), suffix=".tmp", dir=out.parent))
     try:
         os.chmod(tmp, 0o755)  # mkdtemp makes 0700
         yield tmp

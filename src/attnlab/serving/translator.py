@@ -15,6 +15,7 @@ This is the served model's runtime: keep its imports to torch, sentencepiece and
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -159,6 +160,25 @@ class EmptyRequestError(InvalidRequestError):
     """A request to the served model holds no sentence."""
 
 
+class InvalidTextError(InvalidRequestError):
+    """A sentence holds a lone surrogate (U+D800–U+DFFF): not text, and nothing a tokenizer
+    or a UTF-8 encoder takes (a broken UTF-16 pair, or bytes that were not UTF-8)."""
+
+
+_SURROGATE = re.compile("[\ud800-\udfff]")
+
+
+def _check_text(sentences: Sequence[str]) -> None:
+    """Raise :class:`InvalidTextError` for the first sentence with a lone surrogate (index from 0)."""
+    for i, text in enumerate(sentences):
+        if bad := _SURROGATE.search(text):
+            raise InvalidTextError(
+                f"input {i} holds U+{ord(bad.group()):04X} at character {bad.start()}, a lone "
+                "surrogate, which is not text (half of a UTF-16 pair, or a byte that was not "
+                "UTF-8); send valid Unicode text"
+            )
+
+
 class NoAttentionError(InvalidRequestError):
     """Alignments asked of a model without attention (the seq2seq baseline: ``config.json`` →
     ``cross_attention`` null)."""
@@ -238,10 +258,12 @@ class Translator:
         return engine
 
     def check_lengths(self, sentences: Sequence[str]) -> list[list[int]] | None:
-        """Raise :class:`InputTooLongError` naming the first sentence over a limit (index from 0).
+        """Raise :class:`InputTooLongError` naming the first sentence over a limit (index from 0),
+        or :class:`InvalidTextError` the first that is not text.
 
         Returns the sentences' token ids when the token limit needed them, else None.
         """
+        _check_text(sentences)
         _first_over(
             [len(text) for text in sentences],
             self.max_input_chars,
@@ -330,6 +352,7 @@ class Translator:
         Raises:
             InputTooLongError: a sentence exceeds ``max_input_chars`` or ``max_input_tokens``;
                 nothing is decoded then.
+            InvalidTextError: a sentence holds a lone surrogate; nothing is decoded then.
         """
         sentences = list(sentences)
         self.check_lengths(sentences)

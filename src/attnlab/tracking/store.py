@@ -10,6 +10,7 @@ and export add to the same run.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
@@ -23,6 +24,43 @@ log = logging.getLogger(__name__)
 
 class TrackingServerError(ConnectionError):
     """The MLflow tracking server named by the tracking URI cannot be reached."""
+
+
+class TrackingStoreError(RuntimeError):
+    """The local MLflow store file (``mlflow.db``) is not a readable SQLite database."""
+
+
+_SQLITE_HEADER = b"SQLite format 3\x00"  # the first 16 bytes of every SQLite 3 database
+
+
+def check_store_file(tracking_uri: str) -> None:
+    """Refuse a local ``sqlite:////…`` store file that SQLite cannot open: damaged, truncated
+    or not a database, before MLflow's SQLAlchemy error does. A missing or empty file is
+    fine (MLflow creates the store); other stores are not checked.
+
+    Raises:
+        TrackingStoreError: names the file, what is wrong and how to go on.
+    """
+    import sqlite3
+
+    db = _local_db(tracking_uri)
+    if db is None or not db.is_file() or db.stat().st_size == 0:
+        return
+    with db.open("rb") as f:
+        header = f.read(len(_SQLITE_HEADER))
+    why = None if header == _SQLITE_HEADER else "its first bytes are not SQLite's header"
+    if why is None:
+        try:
+            with contextlib.closing(sqlite3.connect(f"file:{db}?mode=ro", uri=True)) as con:
+                con.execute("PRAGMA schema_version").fetchone()
+        except sqlite3.DatabaseError as e:
+            why = f"SQLite: {e}"
+    if why is not None:
+        raise TrackingStoreError(
+            f"the MLflow store {db} is damaged or not a database ({why}): restore it from a "
+            f"copy, or move it aside (`mv {db} {db}.damaged`) to start an empty store, then "
+            "re-run training (`dvc repro -f`): the later stages log to the training run"
+        )
 
 
 @contextmanager
@@ -69,8 +107,10 @@ def prepare_store(tracking_uri: str, artifact_location: str) -> None:
 
     Raises:
         TrackingServerError: see :func:`check_tracking_server`.
+        TrackingStoreError: see :func:`check_store_file`.
     """
     check_tracking_server(tracking_uri)
+    check_store_file(tracking_uri)
     if _rank() != 0:  # DDP: rank 0 re-points the store, the others never log artifacts
         return
     for old, new in rebase_moved_store(tracking_uri, artifact_location).items():
