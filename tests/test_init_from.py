@@ -214,7 +214,9 @@ def test_a_corpus_tokenized_with_another_tokenizer_is_refused_and_the_fix_works(
 
     command = re.search(r"`(python src/tokenize_data.py [^`]*)`", line)[1]
     assert f"data=parallel data.path={CORPUS}" in command and f"paths.root={root}" in command
-    fixed = subprocess.run(shlex.split(command), cwd=ROOT, capture_output=True, text=True, env=env())
+    python, *args = shlex.split(command)  # `python …` as a user runs it, in this venv's Python
+    assert python == "python"
+    fixed = subprocess.run([sys.executable, *args], cwd=ROOT, capture_output=True, text=True, env=env())
     assert fixed.returncode == 0, fixed.stderr[-2000:]
     assert own.read_bytes() == parent["spm"].read_bytes()
 

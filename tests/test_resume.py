@@ -139,6 +139,7 @@ def test_fingerprint_ignores_heatmaps_but_not_what_is_trained():
     base = _fingerprint("heatmaps.sentences=[0,1,2]")
     assert _fingerprint("heatmaps.sentences=[5]") == base
     assert _fingerprint("heatmaps.sentences=[5]", "heatmaps.epoch_kinds=[alignment]") == base
+    assert _fingerprint("heatmaps.sentences=[0,1,2]", "data.path=/elsewhere/data/raw") == base  # moved
     assert _fingerprint("model.max_tokens=1200") != base
     assert _fingerprint("optimizer.lr=0.002") != base
 

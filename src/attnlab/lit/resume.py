@@ -35,6 +35,10 @@ _IGNORED_NESTED = (
     ("checkpoint", "every_n_train_steps"),
     ("trainer", "enable_progress_bar"),
     ("callbacks", "console"),
+    # where the corpus lies (absolute: a moved project resumes); what it holds is checked by
+    # find_resume_point against the tokenizer the checkpoint records
+    ("data", "path"),
+    ("data", "tokenizer_from"),
 )
 
 
