@@ -13,16 +13,20 @@ passed it, taken out of the command line before Hydra reads it, so quotes,
 apostrophes, ``=``, commas, brackets, ``true``, ``null``, numbers and leading dashes are
 text, never Hydra syntax or types. Without any, sentences are read from stdin, one a
 line (UTF-8; a byte that is not is an error naming its line). All other arguments are Hydra
-overrides (settings). One line out per sentence in; a sentence with nothing to translate
+overrides (settings). An input holding several sentences ("A dog runs. Two cats sit.", or a
+``+text`` with line breaks) is cut into sentences (:mod:`attnlab.serving.sentences`), each is
+translated, and the translations are joined with the input's own spaces and line breaks. One
+line out per line in (a ``+text`` keeps its own line breaks); a sentence with nothing to translate
 (empty, spaces, invisible characters) gives an empty line; a sentence longer than the
 export's limit (config.json → serving.max_input_chars), or one that is not text (a lone
 surrogate), is an error, as in the served model.
 
 ``+show_attention=true`` also draws the cross attention of every translation printed (the
 Transformer's encoder–decoder attention, every layer and head; Bahdanau's alignment): one PNG
-per sentence and layer and one explorer page for all of them, in the run's Hydra output
-folder (``outputs/<date>/<time>/attention/``); where is said on stderr, so stdout stays one
-line per sentence.
+per sentence and layer (``sent<i>``: the sentences in order from 0, a line's several sentences
+one after another, a line without any counted as one) and one explorer page for all of them,
+in the run's Hydra output folder (``outputs/<date>/<time>/attention/``); where is said on
+stderr, so stdout stays one line per line in.
 """
 
 import codecs
@@ -32,10 +36,17 @@ import sys
 from pathlib import Path
 
 import hydra
+import torch
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig
 
-from attnlab.serving.translator import InputTooLongError, InvalidRequestError, NoAttentionError, Translator
+from attnlab.serving.translator import (
+    Alignment,
+    InputTooLongError,
+    InvalidRequestError,
+    NoAttentionError,
+    Translator,
+)
 
 TEXT_ARGUMENT = re.compile(r"\+{0,2}text=", re.DOTALL)
 _sentences: list[str] = []  # the +text=… arguments of this command, verbatim
@@ -124,10 +135,19 @@ def main(cfg: DictConfig) -> None:
         alignments = translator.align(sentences)
     except (NoAttentionError, InputTooLongError, InvalidRequestError) as e:  # seq2seq: no attention
         raise SystemExit(f"translate: {e}") from None
-    for a in alignments:
-        print(a.translation)
+    for t in alignments:
+        print(t.translation)
     out_dir = Path(HydraConfig.get().runtime.output_dir) / "attention"
-    pngs, page = show_alignments(sentences, alignments, out_dir, f"{cfg.model.name}: your sentences")
+    # one figure per sentence, numbered in order; a line without a sentence keeps its number
+    nothing = Alignment("", [], [], "", torch.zeros(0, 0, 0, 0))
+    pieces = [
+        p
+        for t, s in zip(alignments, sentences)
+        for p in list(zip(t.sentences, t.alignments)) or [(s, nothing)]
+    ]
+    pngs, page = show_alignments(
+        [s for s, _ in pieces], [a for _, a in pieces], out_dir, f"{cfg.model.name}: your sentences"
+    )
     if page is None:
         print("attention: nothing was translated, so there is nothing to draw", file=sys.stderr)
     else:

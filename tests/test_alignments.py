@@ -67,9 +67,12 @@ def _reference(net, tok, sentence):
 def test_alignment_rows_are_output_tokens_summing_to_one_and_equal_the_checkpoints_forward(exports, name):
     net, export_dir, tok = exports[name]
     translator = Translator(export_dir)
-    alignments = translator.align(SENTENCES)
-    assert [a.translation for a in alignments] == translator(SENTENCES)
-    for sentence, a in zip(SENTENCES, alignments):
+    translations = translator.align(SENTENCES)
+    assert [t.translation for t in translations] == translator(SENTENCES)
+    assert [t.sentences for t in translations] == [[s.strip()] if s.strip() else [] for s in SENTENCES]
+    for t in translations:
+        assert [a.translation for a in t.alignments] == t.translations
+    for sentence, a in [(s, a) for t in translations for s, a in zip(t.sentences, t.alignments)]:
         if sentence.strip(" \u200b") == "":  # nothing to translate: nothing decoded, no rows
             assert a.translation == "" and a.target_tokens == [] and a.weights.shape[2:] == (0, 0)
             continue
@@ -91,9 +94,9 @@ def test_alignment_rows_are_output_tokens_summing_to_one_and_equal_the_checkpoin
 
 def test_a_sentence_aligns_the_same_alone_and_in_a_batch(exports):
     translator = Translator(exports["transformer_2x4"][1])
-    together = translator.align(SENTENCES)
-    for sentence, a in zip(SENTENCES, together):
-        alone = translator.align([sentence])[0]
+    together = [a for t in translator.align(SENTENCES) for a in t.alignments]
+    for sentence, a in zip([s for s in SENTENCES if s.strip()], together):
+        (alone,) = translator.align([sentence])[0].alignments
         assert alone.target_tokens == a.target_tokens
         assert torch.equal(alone.weights, a.weights)
 
@@ -101,10 +104,12 @@ def test_a_sentence_aligns_the_same_alone_and_in_a_batch(exports):
 def test_served_answer_is_json_with_the_last_layers_head_mean(exports):
     translator = Translator(exports["transformer_2x4"][1])
     answers = translator.serve(SENTENCES[:1], alignments=True)
-    a = translator.align(SENTENCES[:1])[0]
+    (a,) = translator.align(SENTENCES[:1])[0].alignments
     assert json.loads(json.dumps(answers)) == answers  # plain JSON
-    (answer,) = answers
-    assert answer["translation"] == a.translation and answer["attention_kind"] == "encoder_decoder"
+    (whole,) = answers
+    (answer,) = whole["sentences"]  # one sentence: one entry, its source as sent
+    assert whole["translation"] == answer["translation"] == a.translation
+    assert answer["source"] == SENTENCES[0] and answer["attention_kind"] == "encoder_decoder"
     assert answer["target_tokens"] == a.target_tokens and answer["source_tokens"] == a.source_tokens
     torch.testing.assert_close(torch.tensor(answer["alignment"]), a.weights[-1].mean(0))
     torch.testing.assert_close(torch.tensor(answer["attention"]), a.weights)
@@ -156,7 +161,7 @@ def test_translate_py_show_attention_prints_the_translation_and_draws_its_attent
     data = read_data((folder / "explorer.html").read_text())
     (epoch,) = data["epochs"]
     assert [s["source"] for s in epoch["sentences"]] == [sentences[0], sentences[2]]
-    for page, a in zip(epoch["sentences"], [alignments[0], alignments[2]]):
+    for page, (a,) in zip(epoch["sentences"], [alignments[0].alignments, alignments[2].alignments]):
         kind = page["kinds"]["encoder_decoder"]
         assert kind["queries"] == a.target_tokens and kind["keys"] == a.source_tokens
         for layer, entry in enumerate(kind["layers"]):  # stored as uint16 fixed point

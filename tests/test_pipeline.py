@@ -506,7 +506,7 @@ def test_translate_py_shows_the_attention_of_the_translation_it_printed(project,
     )
     assert run.returncode == 0, run.stderr[-2000:]
     translator = Translator(project / f"models/{model}")
-    (a,) = translator.align([sentence])
+    ((a,),) = [t.alignments for t in translator.align([sentence])]
     assert run.stdout == a.translation + "\n" and f"explorer: {tmp_path / 'attention'}" in run.stderr
     net = TranslationModule.load_from_checkpoint(
         project / f"checkpoints/{model}/best.ckpt", map_location="cpu", weights_only=True

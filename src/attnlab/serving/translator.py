@@ -24,6 +24,7 @@ import torch
 
 from attnlab.data.special_tokens import BOS_ID, EOS_ID
 from attnlab.inference.decoding import decodable, translate
+from attnlab.serving.sentences import Split, split_sentences
 
 # Longest source sentence a served/translated export accepts, in characters (Unicode code
 # points). Multi30k's longest English sentence has about 220 (test_2017_flickr); beam search
@@ -139,6 +140,34 @@ class Alignment:
         }
 
 
+@dataclass(frozen=True)
+class Translation:
+    """One input translated sentence by sentence (:mod:`attnlab.serving.sentences`).
+
+    Attributes:
+        translation: the translations of :attr:`sentences` joined with the input's own
+            separators and line breaks (what :meth:`Translator.__call__` returns).
+        sentences: the N source sentences the input was cut into (N ≥ 0).
+        translations: their N translations.
+        alignments: with :meth:`Translator.align`, the N sentences' :class:`Alignment`; else None.
+    """
+
+    translation: str
+    sentences: list[str]
+    translations: list[str]
+    alignments: list[Alignment] | None = None
+
+    def as_json(self) -> dict:
+        """The served model's answer for one input with ``details`` or ``alignments`` (docs:
+        How-to, serving): ``translation`` and ``sentences``, one object per source sentence
+        with its ``source`` and ``translation`` and, with alignments, the fields of
+        :meth:`Alignment.as_json`."""
+        items = [{"source": s, "translation": t} for s, t in zip(self.sentences, self.translations)]
+        for item, alignment in zip(items, self.alignments or []):
+            item.update(alignment.as_json())
+        return {"translation": self.translation, "sentences": items}
+
+
 class InputTooLongError(ValueError):
     """A sentence is longer than the export's input limit (``config.json`` → ``serving``)."""
 
@@ -184,21 +213,34 @@ class NoAttentionError(InvalidRequestError):
     ``cross_attention`` null)."""
 
 
-def _first_over(lengths: list[int], limit: int, unit: str, rule: str) -> None:
+def _first_over(lengths: list[int], labels: list[str], limit: int, unit: str, rule: str) -> None:
     """Raise :class:`InputTooLongError` for the first length over ``limit``:
-    "input <i> has <length> <unit> <limit> <rule>"."""
-    for i, n in enumerate(lengths):
+    "<label> has <length> <unit> <limit> <rule>"."""
+    for label, n in zip(labels, lengths):
         if n > limit:
-            raise InputTooLongError(f"input {i} has {n} {unit} {limit} {rule}")
+            raise InputTooLongError(f"{label} has {n} {unit} {limit} {rule}")
+
+
+def _labels(splits: list[Split]) -> list[str]:
+    """ "input <i>" for each sentence of the inputs, ", sentence <j>" added where an input has
+    several (both from 0, as the request's list)."""
+    return [
+        f"input {i}" + (f", sentence {j}" if len(split.sentences) > 1 else "")
+        for i, split in enumerate(splits)
+        for j in range(len(split.sentences))
+    ]
 
 
 class Translator:
     """An export folder as a text-in, text-out translator.
 
-    Decodes with the export's ``decoding`` settings (``config.json`` → ``decoding``,
-    else ``model_config.decoding``, else greedy) unless ``beam_size``/``alpha`` are
-    given, through :func:`attnlab.inference.decoding.translate_text`, so it returns exactly
-    the strings that function returns for the non-empty sentences.
+    Each input is cut into sentences (:func:`attnlab.serving.sentences.split_sentences`, for the
+    export's source language ``config.json`` → ``data.src_lang``), every sentence is translated,
+    and the translations are joined with the input's own separators and line breaks, so no
+    sentence of an input is dropped. Decodes with the export's ``decoding`` settings
+    (``config.json`` → ``decoding``, else ``model_config.decoding``, else greedy) unless
+    ``beam_size``/``alpha`` are given, through :func:`attnlab.inference.decoding.translate`,
+    so each sentence gets exactly the tokens that function gives it.
     A sentence with nothing to translate (empty, whitespace, control or invisible format
     characters alone, or no token but the </s>: :func:`attnlab.inference.decoding.decodable`) translates
     to "" without decoding, on every engine.
@@ -211,6 +253,7 @@ class Translator:
             scored, for every model), ``ctranslate2`` or ``ctranslate2_int8`` (a Transformer's
             CTranslate2 model in the folder, float32 or int8 weights).
     Attributes:
+        language: the source language the inputs are split for (``en`` for older exports).
         max_input_chars: longest accepted sentence in characters (Unicode code points).
         max_input_tokens: longest accepted sentence in sentencepiece tokens, or None.
         max_request_sentences, max_request_chars, max_request_tokens: most sentences,
@@ -240,6 +283,7 @@ class Translator:
         self.max_request_sentences = int(limits.get("max_request_sentences") or DEFAULT_MAX_REQUEST_SENTENCES)
         self.max_request_chars = int(limits.get("max_request_chars") or DEFAULT_MAX_REQUEST_CHARS)
         self.max_request_tokens = int(limits.get("max_request_tokens") or DEFAULT_MAX_REQUEST_TOKENS)
+        self.language = str((self.config.get("data") or {}).get("src_lang") or "en")
         self.batch_size = batch_size
         self.engines: list[str] = list(self.config.get("engines") or ["torch"])
         self._ctranslate2: dict[str, object] = {}
@@ -257,39 +301,51 @@ class Translator:
             raise UnknownEngineError(f"engine {engine!r} is {why}; this model has {', '.join(self.engines)}")
         return engine
 
-    def check_lengths(self, sentences: Sequence[str]) -> list[list[int]] | None:
-        """Raise :class:`InputTooLongError` naming the first sentence over a limit (index from 0),
-        or :class:`InvalidTextError` the first that is not text.
+    def split(self, inputs: Sequence[str]) -> tuple[list[Split], list[list[int]] | None]:
+        """Cut each input into sentences (:func:`attnlab.serving.sentences.split_sentences`) and
+        check them: :class:`InvalidTextError` for the first input that is not text, then
+        :class:`InputTooLongError` naming the first sentence over a limit ("input 2, sentence
+        1", from 0).
 
-        Returns the sentences' token ids when the token limit needed them, else None.
+        Returns:
+            One :class:`~attnlab.serving.sentences.Split` per input, and all sentences' token
+            ids (in order) when the token limit needed them, else None.
         """
-        _check_text(sentences)
+        _check_text(inputs)
+        splits = [split_sentences(text, self.language) for text in inputs]
+        sentences = [s for split in splits for s in split.sentences]
+        labels = _labels(splits)
         _first_over(
             [len(text) for text in sentences],
+            labels,
             self.max_input_chars,
             "characters; this model translates at most",
-            "characters per sentence "
-            "(max_input_chars). Split the text into sentences and send each as its own input.",
+            "characters per sentence (max_input_chars). A sentence ends at . ! ? (。！？) or a line "
+            "break: shorten it or end it sooner.",
         )
         if self.max_input_tokens is None:
-            return None
-        ids = self.tokenizer.encode(list(sentences))
+            return splits, None
+        ids = self.tokenizer.encode(sentences)
         _first_over(
             [len(seq) for seq in ids],
+            labels,
             self.max_input_tokens,
             "sentencepiece tokens; this model encodes at most",
-            "tokens per sentence (max_input_tokens). Split the text into shorter sentences.",
+            "tokens per sentence (max_input_tokens). Shorten the sentence or end it sooner.",
         )
-        return ids
+        return splits, ids
 
-    def check_request(self, sentences: Sequence[str]) -> None:
+    def check_request(self, sentences: Sequence[str]) -> list[Split]:
         """Check one request of the served model against every limit, cheapest first.
 
-        ``sentences`` must be a non-empty list of str; then at most
-        ``max_request_sentences`` of them, ``max_request_chars`` characters together,
-        each within :meth:`check_lengths`, and ``max_request_tokens`` sentencepiece
-        tokens together. Nothing is decoded; the count and type checks run before any
-        sentence is read, the token checks after the character checks.
+        ``sentences`` must be a non-empty list of str (the inputs); then at most
+        ``max_request_sentences`` of them, ``max_request_chars`` characters together, each
+        sentence they hold within :meth:`split`'s limits, and ``max_request_tokens``
+        sentencepiece tokens together. Nothing is decoded; the count and type checks run
+        before any input is read, the token checks after the character checks.
+
+        Returns:
+            The inputs' :class:`~attnlab.serving.sentences.Split`, as :meth:`split`.
 
         Raises:
             InvalidRequestError: ``sentences`` is not a list/tuple, or an item is not a str
@@ -334,9 +390,9 @@ class Translator:
                 f"{self.max_request_chars} characters (and {self.max_request_sentences} "
                 "sentences) each."
             )
-        ids = self.check_lengths(sentences)
+        splits, ids = self.split(sentences)
         if ids is None:
-            ids = self.tokenizer.encode(list(sentences))
+            ids = self.tokenizer.encode([s for split in splits for s in split.sentences])
         tokens = sum(len(seq) for seq in ids)
         if tokens > self.max_request_tokens:
             raise RequestTooLargeError(
@@ -345,22 +401,23 @@ class Translator:
                 f"(serving.max_request_tokens; text without spaces, digits and rare scripts "
                 "take more tokens per character). Split it into requests of fewer sentences."
             )
+        return splits
 
     def __call__(self, sentences: Sequence[str]) -> list[str]:
-        """Translate ``sentences`` (list of str) → one str per sentence, input order.
+        """Translate ``sentences`` (list of str, the inputs) → one str per input, input order:
+        each input's sentences translated and joined with its own separators (:class:`Split`).
 
         Raises:
             InputTooLongError: a sentence exceeds ``max_input_chars`` or ``max_input_tokens``;
                 nothing is decoded then.
-            InvalidTextError: a sentence holds a lone surrogate; nothing is decoded then.
+            InvalidTextError: an input holds a lone surrogate; nothing is decoded then.
         """
-        sentences = list(sentences)
-        self.check_lengths(sentences)
-        return self._decode(sentences)
+        splits, _ = self.split(list(sentences))
+        return [t.translation for t in self._translations(splits)]
 
-    def align(self, sentences: Sequence[str]) -> list[Alignment]:
-        """Translate ``sentences`` like :meth:`__call__` and return, with each translation, the
-        cross attention of every decoder layer and head over its source (:class:`Alignment`).
+    def align(self, sentences: Sequence[str]) -> list[Translation]:
+        """Translate ``sentences`` like :meth:`__call__`, with each sentence's cross attention
+        over its source, every decoder layer and head (:attr:`Translation.alignments`).
 
         The weights come from the export's ``attention.pt``: the model run once more on its own
         output (teacher forcing; step by step for a recurrent decoder), which by causality are
@@ -368,21 +425,25 @@ class Translator:
         weights do not depend on its batch-mates.
 
         Raises:
-            InputTooLongError: as :meth:`__call__`; nothing is decoded then.
+            InputTooLongError, InvalidTextError: as :meth:`__call__`; nothing is decoded then.
             FileNotFoundError: the export predates alignments (no ``attention.pt``); names the
                 command that exports it again.
             NoAttentionError: the model has no attention (seq2seq); nothing is decoded then.
         """
-        sentences = list(sentences)
-        self.check_lengths(sentences)
-        return self._align(sentences)
+        splits, _ = self.split(list(sentences))
+        return self._translations(splits, alignments=True)
 
     def serve(
-        self, sentences: Sequence[str], alignments: bool = False, engine: str | None = None
+        self,
+        sentences: Sequence[str],
+        alignments: bool = False,
+        engine: str | None = None,
+        details: bool = False,
     ) -> list[str] | list[dict]:
         """One request of the served model: :meth:`check_request`, then translate like
-        :meth:`__call__`, or with ``alignments`` like :meth:`align` (each sentence's
-        :meth:`Alignment.as_json`), with ``engine`` (default: this translator's).
+        :meth:`__call__` with ``engine`` (default: this translator's). With ``details`` each
+        answer is :meth:`Translation.as_json` (the sentences the input was cut into, each with
+        its translation); with ``alignments``, that and each sentence's :meth:`Alignment.as_json`.
 
         Raises:
             UnknownEngineError: ``engine`` is not in this export; nothing is decoded then.
@@ -392,10 +453,33 @@ class Translator:
                 InvalidRequestError: HTTP 400 from the served model).
         """
         engine = self.check_engine(engine or self.engine)
-        self.check_request(sentences)
-        if alignments:
-            return [a.as_json() for a in self._align(list(sentences), engine)]
-        return self._decode(list(sentences), engine)
+        splits = self.check_request(sentences)
+        translations = self._translations(splits, engine, alignments=alignments)
+        if alignments or details:
+            return [t.as_json() for t in translations]
+        return [t.translation for t in translations]
+
+    def _translations(
+        self, splits: list[Split], engine: str | None = None, alignments: bool = False
+    ) -> list[Translation]:
+        """The checked inputs' sentences translated together (one decoding batch), then joined
+        per input; with ``alignments`` each sentence's :class:`Alignment` too."""
+        sentences = [s for split in splits for s in split.sentences]
+        aligned = self._align(sentences, engine) if alignments else None
+        flat = [a.translation for a in aligned] if aligned is not None else self._decode(sentences, engine)
+        out, start = [], 0
+        for split in splits:
+            stop = start + len(split.sentences)
+            out.append(
+                Translation(
+                    split.join(flat[start:stop]),
+                    split.sentences,
+                    flat[start:stop],
+                    None if aligned is None else aligned[start:stop],
+                )
+            )
+            start = stop
+        return out
 
     def _translate(self, sentences: list[str], engine: str | None = None) -> list[list[int]]:
         """Output ids of checked sentences with ``engine`` (default: this translator's); those
