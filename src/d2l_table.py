@@ -19,11 +19,13 @@ import torch
 from omegaconf import DictConfig
 
 from attnlab.checkpoint import load_net
+from attnlab.console.errors import user_errors
 from attnlab.data.tokenizer import EOS_ID, load_tokenizer
+from attnlab.errors import ConfigError
 from attnlab.files import write_json_atomic
 from attnlab.inference.decoding import greedy_decode
 from attnlab.metrics import d2l_bleu
-from attnlab.tracking.store import TrackingStoreError, log_to_run, prepare_store, read_run_record
+from attnlab.tracking.store import log_to_run, prepare_store, read_run_record
 
 # The book's examples and references (D2L 10.7.8 (zh 9.7.6), 11.4.3 (zh 10.4.3), 11.7.6 (zh 10.7.6)).
 ENGLISH = ["go .", "i lost .", "he's calm .", "i'm home ."]
@@ -50,18 +52,16 @@ def d2l_table(net, tokenizer) -> list[dict]:
 
 
 @hydra.main(version_base="1.3", config_path="../conf", config_name="config")
+@user_errors("d2l_table")
 def main(cfg: DictConfig) -> None:
     if cfg.data.name != "fra_eng_d2l":
-        raise SystemExit(
+        raise ConfigError(
             f"D2L's table needs data=fra_eng_d2l (got data={cfg.data.name}); "
             "add data=fra_eng_d2l to the command"
         )
     name = cfg.model.name
     record = read_run_record(Path(cfg.paths.runs) / f"{name}.json", name)
-    try:
-        prepare_store(record["tracking_uri"], cfg.mlflow.artifact_location)
-    except TrackingStoreError as e:
-        raise SystemExit(f"d2l_table: {e}") from None
+    prepare_store(record["tracking_uri"], cfg.mlflow.artifact_location)
     net = load_net(record["checkpoint"], expected_kind=name)
     with torch.no_grad():
         rows = d2l_table(net, load_tokenizer(cfg.paths.tokenized))

@@ -23,38 +23,26 @@ import hydra
 from hydra.utils import get_method
 from omegaconf import DictConfig
 
-from attnlab.checkpoint import TokenizerMismatchError, check_trained_tokenizer, load_net
+from attnlab.checkpoint import load_net
 from attnlab.console import logs, summaries
-from attnlab.device import DeviceUnavailableError
+from attnlab.console.errors import user_errors
 from attnlab.files import write_json_atomic, write_lines_atomic
-from attnlab.inference.decoding import Bf16UnitsError
-from attnlab.inference.evaluation import NoTestSplitError
-from attnlab.tracking.store import TrackingStoreError, log_to_run, prepare_store, read_run_record
+from attnlab.tracking.store import log_to_run, prepare_store, read_run_record
 
 
 @hydra.main(version_base="1.3", config_path="../conf", config_name="config")
+@user_errors("evaluate")
 def main(cfg: DictConfig) -> None:
     logs.setup()
     name = cfg.model.name
     evaluate = get_method(cfg.model.task.evaluate)  # the model's task: attnlab.inference.evaluation
     record = read_run_record(Path(cfg.paths.runs) / f"{name}.json", name)
-    try:
-        prepare_store(record["tracking_uri"], cfg.mlflow.artifact_location)
-    except TrackingStoreError as e:
-        raise SystemExit(f"evaluate: {e}") from None
+    prepare_store(record["tracking_uri"], cfg.mlflow.artifact_location)
     load = get_method(cfg.model.task.load) if cfg.model.task.get("load") else load_net  # image models
-    net = load(record["checkpoint"], expected_kind=name)
-    try:  # the test split must be the tokenized corpus the model trained on
-        check_trained_tokenizer(record["checkpoint"], cfg.paths.tokenized)
-    except TokenizerMismatchError as e:
-        raise SystemExit(f"evaluate failed: {e}") from None
+    # the test split must be the tokenized corpus the model trained on (checked as it loads)
+    net = load(record["checkpoint"], expected_kind=name, tokenized_dir=cfg.paths.tokenized)
     metrics_path = Path(cfg.paths.metrics) / f"{name}.json"
-    try:
-        result = evaluate(cfg, net)
-    except NoTestSplitError as e:
-        raise SystemExit(str(e)) from None
-    except (DeviceUnavailableError, Bf16UnitsError) as e:
-        raise SystemExit(f"evaluate failed: {e}") from None
+    result = evaluate(cfg, net)
     hyp_path, artifacts = None, []
     if result.hypotheses is not None:
         hyp_path = write_lines_atomic(metrics_path.with_suffix(".hyp.txt"), result.hypotheses)

@@ -19,33 +19,26 @@ import hydra
 from hydra.utils import get_method
 from omegaconf import DictConfig
 
-from attnlab.checkpoint import TokenizerMismatchError, check_trained_tokenizer, load_net
+from attnlab.checkpoint import load_net
 from attnlab.console import logs, summaries
-from attnlab.tracking.store import TrackingStoreError, prepare_store, read_run_record
+from attnlab.console.errors import user_errors
+from attnlab.tracking.store import prepare_store, read_run_record
 
 
 @hydra.main(version_base="1.3", config_path="../conf", config_name="config")
+@user_errors("export")
 def main(cfg: DictConfig) -> None:
     logs.setup()
     name = cfg.model.name
     export = get_method(cfg.model.task.export)  # the model's task: attnlab.export.tasks
     record = read_run_record(Path(cfg.paths.runs) / f"{name}.json", name)
-    try:
-        prepare_store(record["tracking_uri"], cfg.mlflow.artifact_location)
-    except TrackingStoreError as e:
-        raise SystemExit(f"export: {e}") from None
+    prepare_store(record["tracking_uri"], cfg.mlflow.artifact_location)
     load = get_method(cfg.model.task.load) if cfg.model.task.get("load") else load_net  # image models
-    net = load(record["checkpoint"], expected_kind=name)
-    try:  # the export carries the tokenizer: it must be the one the model trained with
-        check_trained_tokenizer(record["checkpoint"], cfg.paths.tokenized)
-    except TokenizerMismatchError as e:
-        raise SystemExit(f"export failed: {e}") from None
+    # the export carries the tokenizer: it must be the one the model trained with (checked as it loads)
+    net = load(record["checkpoint"], expected_kind=name, tokenized_dir=cfg.paths.tokenized)
     out_dir = Path(cfg.paths.models) / name
-    try:
-        with logs.hide_mlflow_prints():  # "Successfully registered model ...": the summary says it
-            registered = export(cfg, net, record, out_dir)
-    except FileNotFoundError as e:
-        raise SystemExit(f"export failed: {e}") from None
+    with logs.hide_mlflow_prints():  # "Successfully registered model ...": the summary says it
+        registered = export(cfg, net, record, out_dir)
     print(summaries.export_summary(name, out_dir, record, **registered))
 
 

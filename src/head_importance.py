@@ -22,12 +22,13 @@ from attnlab.analysis.head_figures import importance_map, pruning_curve
 from attnlab.analysis.pruning import head_importance, importance_grid
 from attnlab.checkpoint import load_net
 from attnlab.console import logs
+from attnlab.console.errors import user_errors
 from attnlab.data.corpora import read_lines
 from attnlab.data.tokenizer import load_sentencepiece
 from attnlab.files import write_json_atomic, write_text_atomic
 from attnlab.inference.decoding import translate_text
 from attnlab.metrics import bleu_tokenizer, corpus_scores
-from attnlab.tracking.store import TrackingStoreError, log_to_run, prepare_store, read_run_record
+from attnlab.tracking.store import log_to_run, prepare_store, read_run_record
 
 BATCH_SIZE = 128
 
@@ -41,15 +42,13 @@ def _csv(rows: list[dict]) -> str:
 
 
 @hydra.main(version_base="1.3", config_path="../conf", config_name="config")
+@user_errors("head_importance")
 def main(cfg: DictConfig) -> None:
     logs.setup()
     name = cfg.model.name
     tokenize = bleu_tokenizer(cfg.data.tgt_lang, cfg.data.get("bleu_tokenize"))
     record = read_run_record(Path(cfg.paths.runs) / f"{name}.json", name)
-    try:
-        prepare_store(record["tracking_uri"], cfg.mlflow.artifact_location)
-    except TrackingStoreError as e:
-        raise SystemExit(f"head_importance: {e}") from None
+    prepare_store(record["tracking_uri"], cfg.mlflow.artifact_location)
     net = load_net(record["checkpoint"], expected_kind=name).eval()
     tok_dir, n = Path(cfg.paths.tokenized), cfg.head_importance.sentences
     tokenizer = load_sentencepiece(tok_dir / "spm.model")
@@ -59,10 +58,7 @@ def main(cfg: DictConfig) -> None:
         hyps = translate_text(net.init_state, net.step, tokenizer, sources, batch_size=BATCH_SIZE)
         return corpus_scores(hyps, references, tokenize)["bleu"]
 
-    try:
-        result = head_importance(net, bleu)
-    except ValueError as e:
-        raise SystemExit(f"head_importance failed: {e}") from None
+    result = head_importance(net, bleu)
     half = result["pruning"][len(result["pruning"]) // 2]
     result |= {"score_name": f"val BLEU (greedy, sacreBLEU, tok:{tokenize})", "num_sentences": len(sources)}
     out = Path(cfg.paths.root) / "plots" / "heads" / name

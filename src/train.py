@@ -35,13 +35,14 @@ from pytorch_lightning.utilities import rank_zero_only
 from attnlab.checkpoint import load_net, tokenizer_record
 from attnlab.config import check_precision
 from attnlab.console import logs, summaries
+from attnlab.console.errors import user_errors
 from attnlab.data.tokenizer import corpus_path_tag
 from attnlab.files import ensure_writable
 from attnlab.lit.checkpoints import TrainingCheckpoints
 from attnlab.lit.history import EpochHistoryLogger
-from attnlab.lit.init_from import InitFromError, start_from_parent
+from attnlab.lit.init_from import start_from_parent
 from attnlab.lit.resume import ResumeState, config_fingerprint, find_resume_point
-from attnlab.tracking.store import TrackingStoreError, prepare_store, write_run_record
+from attnlab.tracking.store import prepare_store, write_run_record
 from attnlab.tracking.sweep import sweep_job
 
 log = logging.getLogger("train")
@@ -55,18 +56,13 @@ def clear_plots(folder: Path) -> None:
 
 
 @hydra.main(version_base="1.3", config_path="../conf", config_name="config")
+@user_errors("train")  # an error of the user's config or files: its message alone
 def main(cfg: DictConfig) -> None:
     logs.setup()  # quiet logs under `dvc repro`; ATTNLAB_VERBOSE=1 shows everything
-    try:
-        check_precision(cfg.trainer.precision, cfg.device.accelerator)
-    except ValueError as e:
-        raise SystemExit(f"train: {e}") from None
+    check_precision(cfg.trainer.precision, cfg.device.accelerator)
     sweep = sweep_job(cfg)  # multirun (-m): outputs in the job's dir, run nested in the sweep's
     ensure_writable(cfg.paths.checkpoints, cfg.paths.runs, cfg.paths.plots)
-    try:
-        prepare_store(cfg.mlflow.tracking_uri, cfg.mlflow.artifact_location)
-    except TrackingStoreError as e:
-        raise SystemExit(f"train: {e}") from None
+    prepare_store(cfg.mlflow.tracking_uri, cfg.mlflow.artifact_location)
     checkpoints = TrainingCheckpoints(cfg.checkpoint, cfg.paths.checkpoints)
     pl.seed_everything(cfg.seed, workers=True)
     # The model's task (conf/model/<model>.yaml: task.module) builds its module and data.
@@ -80,10 +76,7 @@ def main(cfg: DictConfig) -> None:
     load = get_method(cfg.model.task.load) if cfg.model.task.get("load") else load_net
     parent_tags = {}
     if cfg.get("init_from") and resume is None:  # a resumed run has its weights: last.ckpt's
-        try:
-            parent_tags = start_from_parent(cfg, module, load).tags()
-        except InitFromError as e:
-            raise SystemExit(f"train: {e}") from None
+        parent_tags = start_from_parent(cfg, module, load).tags()
     elif cfg.get("init_from"):
         log.info("init_from=%s: resuming, so the parent's weights are not loaded again", cfg.init_from)
     # MLflow run tags (its search and compare views filter on them) and name, e.g.

@@ -91,6 +91,7 @@ E2E_FILES = (
     "test_callbacks.py",
     "test_choose_on_val.py",
     "test_init_from.py",
+    "test_export_interrupt.py",
 )
 
 

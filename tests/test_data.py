@@ -317,13 +317,13 @@ def test_tokenize_refuses_a_corpus_without_a_tokenizer_and_d2l_other_directions(
         )
     with pytest.raises(
         SystemExit,
-        match=r"^data=synthetic needs no tokenizer; choose data=multi30k, "
+        match=r"^tokenize: data=synthetic needs no tokenizer; choose data=multi30k, "
         r"data=fra_eng or data=parallel$",
     ):
         app.main(synthetic)
     with pytest.raises(
         SystemExit,
-        match=r"^tokenize failed: data=fra_eng_d2l is D2L's English→French "
+        match=r"^tokenize: data=fra_eng_d2l is D2L's English→French "
         r"setup; got en→de \(drop the data.src_lang/data.tgt_lang",
     ):
         app.main(d2l_de)

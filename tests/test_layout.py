@@ -169,7 +169,7 @@ def test_a_d2l_reader_imports_the_books_names_from_one_place():
 def test_the_package_is_grouped_by_concern():
     """No loose module at the top of attnlab but the few shared by training and inference."""
     top = sorted(p.stem for p in (SRC / PACKAGE).glob("*.py") if p.stem != "__init__")
-    assert top == ["checkpoint", "cli", "config", "device", "files", "loss", "metrics"]
+    assert top == ["checkpoint", "cli", "config", "device", "errors", "files", "loss", "metrics"]
     groups = sorted(p.name for p in (SRC / PACKAGE).iterdir() if (p / "__init__.py").is_file())
     assert groups == [
         "analysis",

@@ -318,6 +318,7 @@ def test_a_crafted_checkpoint_is_refused_before_anything_it_names_runs(tmp_path,
     """A checkpoint from elsewhere can name any callable as its model: load_net and
     TranslationModule.load_from_checkpoint refuse it, naming it, and run nothing."""
     from attnlab.checkpoint import CheckpointError, load_net
+    from attnlab.errors import ConfigError
     from attnlab.lit.translation import TranslationModule
     from attnlab.models import UnknownModelError
 
@@ -326,10 +327,11 @@ def test_a_crafted_checkpoint_is_refused_before_anything_it_names_runs(tmp_path,
     with pytest.raises(CheckpointError, match="attnlab.models.transformer.Transformer") as e:
         load_net(ckpt)
     assert str(ckpt) in str(e.value)
-    with pytest.raises(UnknownModelError):
+    with pytest.raises(ConfigError, match="attnlab.models.transformer.Transformer") as e:  # the user's
         TranslationModule(
             make_config(marker), {"_target_": "torch.optim.Adam", "_partial_": True}, vocab_size=30
         )
+    assert isinstance(e.value.__cause__, UnknownModelError)
     assert not marker.exists()
 
 

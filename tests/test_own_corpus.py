@@ -201,7 +201,7 @@ def test_bad_corpus_is_refused_with_file_line_and_fix_and_nothing_is_written(tmp
     (out / "previous.txt").write_text("the last good output")
     with pytest.raises(SystemExit) as e:
         _tokenize(cfg)
-    assert str(e.value).startswith("tokenize failed: ") and message.format(folder=folder) in str(e.value)
+    assert str(e.value).startswith("tokenize: ") and message.format(folder=folder) in str(e.value)
     assert [p.name for p in out.parent.iterdir()] == [out.name]  # no staging folder left
     assert [p.name for p in out.iterdir()] == ["previous.txt"]
 

@@ -617,7 +617,7 @@ def test_evaluate_decodes_on_the_device_it_is_given(project):
         timeout=300,
     )
     assert out.returncode != 0
-    assert "evaluate failed: device.accelerator=gpu cannot run here" in out.stderr, out.stderr[-2000:]
+    assert "evaluate: device.accelerator=gpu cannot run here" in out.stderr, out.stderr[-2000:]
     assert "choose device=cpu" in out.stderr
     assert (project / "metrics/transformer.json").read_bytes() == before
 

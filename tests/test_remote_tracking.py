@@ -23,6 +23,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from helpers.refusal import refusal
 from helpers.tiny_train import (
     ROOT,
     STEPS_PER_EPOCH,
@@ -203,13 +204,10 @@ def test_unreachable_server_fails_fast(project, tmp_path):
     start = time.monotonic()
     result = train(root, "trainer.max_epochs=2", timeout=120, MLFLOW_TRACKING_URI=uri)
     seconds = time.monotonic() - start
-    assert result.returncode == 1  # Hydra's exit status for an exception in the task
+    line = refusal(result)  # one line, no traceback
     assert seconds < 30, f"took {seconds:.1f} s"  # ~10 s here, most of it importing torch
-    assert (
-        f"attnlab.tracking.store.TrackingServerError: MLflow tracking server {uri} is unreachable"
-        in result.stderr
-    ), result.stderr[-3000:]
-    assert "or unset MLFLOW_TRACKING_URI to track in the project's mlflow.db" in result.stderr
+    assert line.startswith(f"train: MLflow tracking server {uri} is unreachable"), result.stderr[-3000:]
+    assert line.endswith("or unset MLFLOW_TRACKING_URI to track in the project's mlflow.db")
     # checked before anything is written: the output folders exist (ensure_writable) but are empty
     assert [p for p in (root / "checkpoints").rglob("*") if not p.is_dir()] == []
     assert list((root / "runs").iterdir()) == []

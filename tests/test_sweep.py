@@ -159,13 +159,17 @@ def test_a_failed_job_leaves_the_parent_failed(done):
     result = done["failing"]
     root = result.root
     assert result.returncode == 1
-    assert "checkpoint.filename=last is reserved" in result.stderr
+    assert "Traceback" not in result.stderr, result.stderr[-3000:]  # a user's error: its line alone
+    assert (
+        "train: checkpoint.filename=last is reserved for the resume checkpoint; choose another "
+        "name, e.g. checkpoint.filename=final"
+    ) in result.stderr.splitlines()
     parents, children = split(runs(mlflow_client(root)))
     [parent] = parents
     assert parent.info.status == "FAILED"
     failed = parent.data.tags["sweep.failed.0"]
     assert failed.endswith(
-        "checkpoint.filename=last: ValueError: checkpoint.filename=last is reserved "
+        "checkpoint.filename=last: ConfigError: checkpoint.filename=last is reserved "
         "for the resume checkpoint; choose another name, e.g. checkpoint.filename=final"
     )
     assert "sweep.failed.1" not in parent.data.tags
@@ -306,14 +310,19 @@ TOY_APP = """
 import sys
 import hydra
 from mlflow import MlflowClient
+from attnlab.console.errors import user_errors
+from attnlab.errors import ConfigError
 from attnlab.tracking.sweep import sweep_job
 
 @hydra.main(version_base="1.3", config_path="conf", config_name="config")
+@user_errors("toy")
 def main(cfg):
     parent = sweep_job(cfg).tags["mlflow.parentRunId"]
     print("parent", MlflowClient(cfg.mlflow.tracking_uri).get_run(parent).info.status)
     if cfg.action == "fail":
         raise RuntimeError("boom")
+    if cfg.action == "refuse":
+        raise ConfigError("action=refuse cannot work; set action=ok")
     if cfg.action == "exit":
         sys.exit(3)
 
@@ -375,6 +384,33 @@ def test_a_sweep_run_again_reopens_its_parent_which_ends_killed_failed_or_finish
     assert done.returncode == 0, done.stderr[-3000:]
     assert last.info.run_id == parent.info.run_id and last.info.status == "FINISHED"
     assert not [k for k in last.data.tags if k.startswith("sweep.failed.")]
+
+
+def test_a_users_error_in_a_job_is_one_line_and_tags_the_parent_with_its_own_class(tmp_path):
+    """A job ended by a user's error (attnlab.console.errors.user_errors): the next job runs, the
+    sweep ends with the job's overrides and its line (no traceback), and the parent's tag names
+    the error's own class, as for any failed job."""
+    (tmp_path / "conf").mkdir()
+    (tmp_path / "conf/config.yaml").write_text(TOY_CONFIG)
+    (tmp_path / "app.py").write_text(TOY_APP)
+    done = subprocess.run(
+        [sys.executable, "app.py", "-m", "action=refuse,ok"],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=env(),
+    )
+    assert done.returncode == 1
+    assert "Traceback" not in done.stderr, done.stderr
+    assert "toy: action=refuse cannot work; set action=ok" in done.stderr.splitlines()
+    # both jobs ran; the second sees the parent that the first left FAILED
+    assert re.findall(r"^parent (\w+)$", done.stdout, re.M) == ["RUNNING", "FAILED"]
+    [parent] = runs(mlflow_client(tmp_path))
+    assert parent.info.status == "FAILED"
+    assert parent.data.tags["sweep.failed.0"] == (
+        "seed=0 action=refuse: ConfigError: action=refuse cannot work; set action=ok"
+    )
 
 
 @pytest.mark.parametrize(

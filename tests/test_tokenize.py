@@ -137,7 +137,7 @@ def test_tokenize_of_a_truncated_gzip_names_it_and_writes_nothing(tmp_path):
     cfg = _cfg(tmp_path, "data=multi30k")
     with pytest.raises(
         SystemExit,
-        match=rf"^tokenize failed: {re.escape(str(bad))} is truncated or "
+        match=rf"^tokenize: {re.escape(str(bad))} is truncated or "
         rf"corrupt \(EOFError.*{REDOWNLOAD}",
     ):
         _tokenize_app().main(cfg)
@@ -151,7 +151,7 @@ def test_tokenize_d2l_of_a_corrupt_zip_names_it_and_writes_nothing(mirror, tmp_p
     cfg = _cfg(tmp_path, "data=fra_eng_d2l")
     with pytest.raises(
         SystemExit,
-        match=rf"^tokenize failed: {re.escape(str(raw / 'fra-eng.zip'))} is "
+        match=rf"^tokenize: {re.escape(str(raw / 'fra-eng.zip'))} is "
         rf"truncated or corrupt \(BadZipFile: Bad CRC-32.*{REDOWNLOAD}",
     ):
         _tokenize_app().main(cfg)
@@ -172,7 +172,7 @@ def test_empty_training_split_is_an_error_and_keeps_the_previous_output(tmp_path
     (out / "spm.model").write_bytes(b"previous run")
     with pytest.raises(
         SystemExit,
-        match=r"^tokenize failed: the training split is empty: 3 pairs read, "
+        match=r"^tokenize: the training split is empty: 3 pairs read, "
         r"none with text on both sides; nothing was written\. Check .*multi30k/"
         r"train\.\{en,fr\}\.gz \(delete them and re-run `dvc repro download`\) and "
         r"data\.splits\.train",
@@ -237,7 +237,7 @@ def test_tokenize_with_too_small_vocabulary_exits_and_writes_nothing(tmp_path):
     cfg = _cfg(tmp_path, "data=multi30k", "data.vocab_size=10")
     with pytest.raises(
         SystemExit,
-        match=r"^tokenize failed: data\.vocab_size=10 is too small.*set "
+        match=r"^tokenize: data\.vocab_size=10 is too small.*set "
         r"data\.vocab_size=\d+ \(or more\); nothing was written$",
     ):
         _tokenize_app().main(cfg)

@@ -1,7 +1,9 @@
-"""How `src/train.py` fails: a non-finite loss, and output directories it cannot write.
+"""How `src/train.py` fails: a non-finite loss, output directories it cannot write, a fresh
+clone with no tokenized corpus, float16 on a CPU, a damaged store, on one process or two (DDP).
 
-Each failure must stop the run with its own error class and a message that names
-what went wrong and where (the step, the directory), and must leave the files of
+Each failure must stop the run with a message that names what went wrong and where (the step,
+the directory, the file) and what to do, alone on stderr without a traceback (the traceback is
+in the run's log file, and on stderr with ``HYDRA_FULL_ERROR=1``), and must leave the files of
 earlier runs as they were.
 """
 
@@ -18,9 +20,25 @@ import pytest
 import torch
 
 from attnlab.files import OutputDirError, ensure_writable
-from helpers.tiny_train import ROOT, STEPS_PER_EPOCH, copy_project, make_project, mlflow_client, runs, train
+from helpers.refusal import refusal
+from helpers.tiny_train import (
+    ROOT,
+    STEPS_PER_EPOCH,
+    copy_project,
+    env,
+    make_project,
+    mlflow_client,
+    runs,
+    train,
+)
 
 FIX = "free disk space or fix its permissions, or choose another place with paths.root=<dir>"
+# attnlab.lit.checkpoints' message for a NaN/inf loss, as train.py prints it
+NON_FINITE = (
+    r"train: training loss is (nan|inf|-inf) at step (\d+) \(epoch (\d+), batch (\d+)\); no weight "
+    r"was updated with it\. .*; training stopped, the last good checkpoint is (\S+) \(the weights of "
+    r"the step before; resuming them unchanged meets the same loss\)"
+)
 
 
 def cannot_write(d: Path, code: int) -> str:
@@ -45,15 +63,8 @@ def test_non_finite_loss_stops_with_the_step_and_keeps_the_last_checkpoint(proje
     result = train(
         root, "optimizer=sgd", "optimizer.lr=1e8", "checkpoint.every_n_train_steps=1", "trainer.max_epochs=2"
     )
-    assert result.returncode == 1, result.stdout[-2000:] + result.stderr[-2000:]
     last = root / "checkpoints/transformer/last.ckpt"
-    m = re.search(
-        r"^attnlab\.loss\.NonFiniteLossError: training loss is (nan|inf|-inf) "
-        r"at step (\d+) \(epoch (\d+), batch (\d+)\); no weight was updated with it\. "
-        r".*; training stopped, the last good checkpoint is (\S+) \(the weights of the step before",
-        result.stderr,
-        re.M,
-    )
+    m = re.fullmatch(NON_FINITE, refusal(result))
     assert m, result.stderr[-3000:]
     step, epoch, batch = int(m[2]), int(m[3]), int(m[4])
     assert step == epoch * STEPS_PER_EPOCH + batch  # one optimizer step per batch
@@ -90,10 +101,7 @@ def test_unwritable_output_dir_fails_before_touching_anything(project, tmp_path,
     path_key = {"checkpoints": "paths.checkpoints", "runs": "paths.runs"}[blocked]
 
     result = train(root, f"{path_key}={target}", "trainer.max_epochs=1", timeout=120)
-    assert result.returncode == 1
-    assert f"attnlab.files.OutputDirError: {cannot_write(target, errno.ENOTDIR)}\n" in result.stderr, (
-        result.stderr[-3000:]
-    )
+    assert refusal(result) == f"train: {cannot_write(target, errno.ENOTDIR)}"
     assert old_record.read_text() == '{"run_id": "earlier"}\n'
     assert old_ckpt.read_bytes() == b"an earlier checkpoint"
     assert blocker.read_text() == "a file, not a directory"
@@ -106,15 +114,9 @@ def test_float16_on_the_cpu_is_refused_before_anything_runs(project, tmp_path):
     precision as the cause (not the learning rate), as one line without a traceback."""
     root = copy_project(project, tmp_path / "project")
     result = train(root, "trainer.precision=16-true", "trainer.max_epochs=1", "device=cpu", timeout=120)
-    assert result.returncode == 1
-    assert "Traceback" not in result.stderr, result.stderr[-3000:]
-    assert (
-        result.stderr.strip()
-        .splitlines()[-1]
-        .startswith(
-            "train: trainer.precision=16-true trains in float16, which a CPU cannot do (the loss is NaN "
-            "from the first step, whatever the learning rate): use trainer.precision=32-true, or bf16-mixed"
-        )
+    assert refusal(result).startswith(
+        "train: trainer.precision=16-true trains in float16, which a CPU cannot do (the loss is NaN "
+        "from the first step, whatever the learning rate): use trainer.precision=32-true, or bf16-mixed"
     ), result.stderr[-3000:]
     assert not (root / "mlflow.db").exists() and not (root / "checkpoints").exists()
 
@@ -125,17 +127,72 @@ def test_a_damaged_store_file_stops_training_with_one_line_naming_it(project, tm
     db.write_bytes(os.urandom(8192))
     damaged = db.read_bytes()
     result = train(root, "trainer.max_epochs=1", timeout=120)
-    assert result.returncode == 1
-    assert "Traceback" not in result.stderr, result.stderr[-3000:]
-    assert (
-        result.stderr.strip()
-        .splitlines()[-1]
-        .startswith(
-            f"train: the MLflow store {db} is damaged or not a database (its first bytes are not "
-            f"SQLite's header): restore it from a copy, or move it aside (`mv {db} {db}.damaged`)"
-        )
+    assert refusal(result).startswith(
+        f"train: the MLflow store {db} is damaged or not a database (its first bytes are not "
+        f"SQLite's header): restore it from a copy, or move it aside (`mv {db} {db}.damaged`)"
     ), result.stderr[-3000:]
     assert db.read_bytes() == damaged and not list(root.glob("checkpoints/**/*.ckpt"))
+
+
+def _train_fresh(root: Path, **extra_env: str) -> subprocess.CompletedProcess:
+    """The design card's ``python src/train.py model=transformer`` in a project that has no
+    data yet (a fresh clone)."""
+    command = [sys.executable, "src/train.py", "model=transformer", "device=cpu", f"paths.root={root}"]
+    return subprocess.run(
+        [*command, f"hydra.run.dir={root}/outputs/run"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env=env(**extra_env),
+    )
+
+
+def test_a_fresh_clone_is_told_to_tokenize_in_one_line_with_the_trace_in_the_log(tmp_path):
+    """No data/tokenized yet: the one line that says what to run, no traceback on stderr; the
+    traceback is in the run's log file, and on stderr with HYDRA_FULL_ERROR=1."""
+    folder = tmp_path / "data/tokenized/multi30k-en-fr"
+    message = (
+        f"no tokenizer (spm.model or vocab.json) in {folder}; run `python src/tokenize_data.py` "
+        "(or `dvc repro tokenize`) with the same data= option"
+    )
+    assert refusal(_train_fresh(tmp_path)) == f"train: {message}"
+    log = (tmp_path / "outputs/run/train.log").read_text()
+    assert f"[ERROR] - train: {message}\nTraceback (most recent call last):" in log
+    assert log.rstrip().endswith(f"attnlab.errors.MissingFileError: {message}")
+
+    full = _train_fresh(tmp_path, HYDRA_FULL_ERROR="1")
+    assert full.returncode == 1
+    assert "Traceback (most recent call last):" in full.stderr
+    assert full.stderr.strip().splitlines()[-1] == f"attnlab.errors.MissingFileError: {message}"
+    assert not (tmp_path / "mlflow.db").exists() and not list(tmp_path.glob("checkpoints/**/*.ckpt"))
+
+
+def test_each_ddp_rank_refuses_in_one_line_without_a_traceback(project, tmp_path):
+    """Two DDP ranks (the second a copy of the command Lightning starts) whose loss is NaN at
+    the same step: each says so in one line, rank 1 naming itself; its traceback is in its own
+    log file (train_ddp_process_1.log)."""
+    root = copy_project(project, tmp_path / "project")
+    result = train(
+        root,
+        "device=ddp",
+        "optimizer=sgd",
+        "optimizer.lr=1e12",
+        "model.warmup_steps=1",
+        "checkpoint.every_n_train_steps=1",
+        "trainer.max_epochs=6",
+        timeout=600,
+    )
+    assert result.returncode != 0
+    assert "Traceback" not in result.stderr, result.stderr[-3000:]
+    said = [line for line in result.stderr.splitlines() if line.startswith("train: ")]
+    assert said and len(said) <= 2, result.stderr[-3000:]
+    for line in said:
+        assert re.fullmatch(NON_FINITE, line.replace("train: rank 1: ", "train: ")), line
+    if len(said) == 2:  # rank 0 may be stopped by Lightning first, when rank 1 ended before it
+        assert sorted(line.startswith("train: rank 1: ") for line in said) == [False, True]
+    logs = {p.name: p.read_text() for p in (root / "outputs/run").glob("*.log")}
+    assert "attnlab.loss.NonFiniteLossError: training loss is" in logs["train_ddp_process_1.log"]
 
 
 _CHILD = """

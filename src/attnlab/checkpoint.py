@@ -17,6 +17,7 @@ import torch
 from torch import nn
 
 from attnlab.data.tokenizer import PAD_ID
+from attnlab.errors import UserError
 from attnlab.models import UnknownModelError, build_net
 from attnlab.models.nadaraya_watson import NadarayaWatson
 
@@ -29,7 +30,7 @@ TOKENIZER_KEY = "tokenizer"
 TOKENIZER_FILES = ("vocab.json", "spm.model")
 
 
-class CheckpointError(ValueError):
+class CheckpointError(UserError, ValueError):
     """The checkpoint is missing or was not written by attnlab's train.py."""
 
 
@@ -57,7 +58,7 @@ def tokenizer_record(tokenized_dir: Path) -> dict | None:
     return None
 
 
-class TokenizerMismatchError(ValueError):
+class TokenizerMismatchError(UserError, ValueError):
     """A stage was given a tokenized corpus other than the one the checkpoint trained on."""
 
 
@@ -69,7 +70,12 @@ def check_trained_tokenizer(checkpoint: Path, tokenized_dir: Path) -> None:
     Raises:
         TokenizerMismatchError: names both tokenizers and the fix (the data settings of train).
     """
-    theirs = torch.load(checkpoint, map_location="cpu", weights_only=True).get(TOKENIZER_KEY)
+    _check_tokenizer(checkpoint, torch.load(checkpoint, map_location="cpu", weights_only=True), tokenized_dir)
+
+
+def _check_tokenizer(checkpoint: Path, ckpt: dict, tokenized_dir: Path) -> None:
+    """:func:`check_trained_tokenizer` of the loaded checkpoint ``ckpt`` (read from ``checkpoint``)."""
+    theirs = ckpt.get(TOKENIZER_KEY)
     here = tokenizer_record(tokenized_dir)
     if not theirs or not here or theirs.get("sha256") == here["sha256"]:
         return
@@ -90,17 +96,20 @@ def _saved_by_torch(path: Path) -> bool:
         return f.read(1) == b"\x80"
 
 
-def load_net(path: Path, expected_kind: str | None = None) -> nn.Module:
+def load_net(path: Path, expected_kind: str | None = None, tokenized_dir: Path | None = None) -> nn.Module:
     """The checkpoint's model (``attnlab.models``) in eval mode on the CPU.
 
-    The file is read with ``torch.load(weights_only=True)``: tensors and plain
+    The file is read once, with ``torch.load(weights_only=True)``: tensors and plain
     containers only, never arbitrary pickled objects.
 
     Args:
         path: the checkpoint train.py kept (``checkpoints/<model>/best.ckpt``, or
             ``final.ckpt`` with ``checkpoint.monitor=null checkpoint.filename=final``).
         expected_kind: ``nw``, ``bahdanau`` or ``transformer``; checked against the checkpoint.
+        tokenized_dir: the tokenized corpus the model will read or carry (evaluate, export):
+            checked as :func:`check_trained_tokenizer` does; ``None``: not checked.
     Raises:
+        TokenizerMismatchError: ``tokenized_dir`` is another corpus's (names both and the fix).
         CheckpointError: missing file; a truncated or corrupt file, or one that is
             no torch checkpoint; one holding objects ``weights_only=True`` refuses
             (e.g. OmegaConf configs); a foreign checkpoint; a model of another
@@ -153,6 +162,8 @@ def load_net(path: Path, expected_kind: str | None = None) -> nn.Module:
             f"checkpoints/{expected_kind}/ (train it with `python src/train.py "
             f"model={expected_kind}`) or run with model={net.kind}"
         )
+    if tokenized_dir is not None:
+        _check_tokenizer(path, ckpt, tokenized_dir)
     try:
         net.load_state_dict(
             {k[len("net.") :]: v for k, v in ckpt.get("state_dict", {}).items() if k.startswith("net.")}

@@ -6,6 +6,8 @@ from pathlib import Path
 
 from omegaconf import OmegaConf
 
+from attnlab.errors import ConfigError
+
 DVC_EXP_WORKSPACES = Path(".dvc") / "tmp" / "exps"  # where DVC copies the repo for --queue/--temp
 
 
@@ -83,7 +85,7 @@ def check_precision(precision, accelerator: str = "auto") -> None:
     ``accelerator``: ``cpu``, or ``auto`` without a CUDA device, is the CPU.
 
     Raises:
-        ValueError: float16 on the CPU (names the setting and the precisions to use instead).
+        ConfigError: float16 on the CPU (names the setting and the precisions to use instead).
     """
     import torch
 
@@ -91,7 +93,7 @@ def check_precision(precision, accelerator: str = "auto") -> None:
     on_cpu = accelerator == "cpu" or (accelerator == "auto" and not torch.cuda.is_available())
     if str(precision).lower() == "16-true" and on_cpu:
         units = "has" if has_bf16_units("cpu") else "has no"
-        raise ValueError(
+        raise ConfigError(
             f"trainer.precision={precision} trains in float16, which a CPU cannot do (the loss is "
             "NaN from the first step, whatever the learning rate): use trainer.precision=32-true, "
             f"or bf16-mixed (this CPU {units} bf16 units; trainer=full chooses for you)"

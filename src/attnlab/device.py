@@ -10,8 +10,10 @@ from collections.abc import Mapping
 
 import torch
 
+from attnlab.errors import UserError
 
-class DeviceUnavailableError(RuntimeError):
+
+class DeviceUnavailableError(UserError, RuntimeError):
     """``device.accelerator`` names an accelerator this machine does not have."""
 
 

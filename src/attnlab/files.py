@@ -17,6 +17,8 @@ import tempfile
 from contextlib import contextmanager
 from pathlib import Path
 
+from attnlab.errors import UserError
+
 log = logging.getLogger(__name__)
 
 
@@ -158,7 +160,7 @@ def staged_dir(out: Path):
         shutil.rmtree(tmp, ignore_errors=True)  # gone already after a successful rename
 
 
-class OutputDirError(OSError):
+class OutputDirError(UserError, OSError):
     """An output directory cannot be created or written (permissions, full disk, a file in the way)."""
 
 

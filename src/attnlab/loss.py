@@ -26,9 +26,10 @@ import torch
 from torch.autograd.function import once_differentiable
 
 from attnlab.data.special_tokens import PAD_ID
+from attnlab.errors import ConfigError, UserError
 
 
-class NonFiniteLossError(FloatingPointError):
+class NonFiniteLossError(UserError, FloatingPointError):
     """The training loss became NaN or ±inf; raised before the bad step updates any weight."""
 
 
@@ -115,7 +116,7 @@ def linear_cross_entropy(
             f"{tuple(h.shape)}, {tuple(weight.shape)}, {tuple(target.shape)}"
         )
     if not 0.0 <= label_smoothing < 1.0:
-        raise ValueError(f"label_smoothing must be in [0, 1), got {label_smoothing}")
+        raise ConfigError(f"label_smoothing must be in [0, 1), got {label_smoothing}")
     if chunk_size < 1:
         raise ValueError(f"chunk_size must be ≥ 1, got {chunk_size}")
     grad = torch.is_grad_enabled()

@@ -24,6 +24,8 @@ import torch
 from sacrebleu.metrics import BLEU, CHRF
 from torchmetrics import Metric
 
+from attnlab.errors import ConfigError
+
 log = logging.getLogger(__name__)
 
 # Target language (primary subtag) → sacreBLEU's tokenizer for it, and the pip extra it needs;
@@ -62,7 +64,7 @@ def d2l_bleu(pred_seq: str, label_seq: str, k: int) -> float:
 
 def _check_tokenize(name: str, what: str, hint: str = "") -> None:
     if name not in BLEU.TOKENIZERS:
-        raise ValueError(
+        raise ConfigError(
             f"{what}={name!r} is not one of sacreBLEU's tokenizers: choose one of "
             f"{', '.join(BLEU.TOKENIZERS)}{hint}"
         )

@@ -11,6 +11,8 @@ from collections.abc import Callable, Sequence
 
 import torch
 
+from attnlab.errors import ConfigError
+
 
 def head_names(net) -> list[tuple[str, int, int]]:
     """(kind, layer, head) of every multi-head attention head of ``net`` (layers and heads from 0),
@@ -54,7 +56,7 @@ def head_importance(net, score: Callable[[], float]) -> dict:
     """
     names = head_names(net)
     if not names:
-        raise ValueError(
+        raise ConfigError(
             f"{type(net).__name__} has no multi-head attention: nothing to mask "
             "(head importance is for the Transformer)"
         )

@@ -24,6 +24,8 @@ One job per module; import the one you need (this package re-exports nothing):
 
 * :mod:`attnlab.console.logs`: the log and warning filters, :func:`~attnlab.console.logs.setup`,
   hiding MLflow's registry prints.
+* :mod:`attnlab.console.errors`: how an app ends on an error, :func:`~attnlab.console.errors.user_errors`
+  (under every ``@hydra.main``): a user's error as its message alone, a bug with its traceback.
 * :mod:`attnlab.console.summaries`: the ``key : value`` block and the stage summaries.
 * :mod:`attnlab.console.runs`: what the summaries read from MLflow (the kept epoch, links).
 * :mod:`attnlab.console.epoch_table`: the numbers of an epoch line, shared with

@@ -53,12 +53,14 @@ from pathlib import Path
 
 import numpy as np
 
+from attnlab.errors import UserError
 
-class CorpusError(ValueError):
+
+class CorpusError(UserError, ValueError):
     """A corpus file is missing, unreadable or misaligned."""
 
 
-class TokenizeError(ValueError):
+class TokenizeError(UserError, ValueError):
     """The tokenize stage cannot tokenize this corpus with these settings (a ``data.*`` value,
     an empty training split, a vocabulary size the corpus cannot give); the message names
     what to change. Raised before the output folder is replaced: nothing was written."""

@@ -40,6 +40,7 @@ import torch
 
 from attnlab.data.corpora import CorpusError, TokenizeError, TokenizeReport, corpus_folder, read_zip_text
 from attnlab.data.special_tokens import BOS_ID, EOS_ID, PAD_ID, UNK_ID
+from attnlab.errors import ConfigError, DamagedFileError, MissingFileError
 from attnlab.files import staged_dir, write_json_atomic, write_lines_atomic, write_npz_atomic
 
 SPECIALS = ("<pad>", "<unk>", "<bos>", "<eos>")  # ids PAD_ID, UNK_ID, BOS_ID, EOS_ID
@@ -176,7 +177,7 @@ def mt_fra_eng(
     """
     src, tgt = tokenize(preprocess(raw_text), num_train + num_val)
     if len(src) <= num_train:
-        raise ValueError(
+        raise ConfigError(
             f"fra.txt gave {len(src)} examples, need more than num_train={num_train}: "
             "lower data.num_train, or use D2L's full fra-eng.zip"
         )
@@ -256,7 +257,7 @@ class D2LTokenizer:
         """
         obj = json.loads(Path(path).read_text(encoding="utf-8"))
         if obj.get("format") != cls.kind:
-            raise ValueError(f"{path} is not a {cls.kind} vocabulary; re-run src/tokenize_data.py")
+            raise DamagedFileError(f"{path} is not a {cls.kind} vocabulary; re-run src/tokenize_data.py")
         return cls(Vocab(tokens=obj["src"]), Vocab(tokens=obj["tgt"]), int(obj["num_steps"]))
 
 
@@ -273,7 +274,7 @@ def load_arrays(path: Path) -> dict[str, torch.Tensor]:
     """
     path = Path(path)
     if not path.exists():
-        raise FileNotFoundError(f"{path} not found; run `python src/tokenize_data.py data=fra_eng_d2l` first")
+        raise MissingFileError(f"{path} not found; run `python src/tokenize_data.py data=fra_eng_d2l` first")
     with np.load(path) as z:
         return {k: torch.from_numpy(z[k].astype(np.int64)) for k in z.files}
 

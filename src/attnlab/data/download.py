@@ -21,10 +21,12 @@ import urllib.request
 from pathlib import Path
 from typing import NamedTuple
 
+from attnlab.errors import UserError
+
 MIRROR_ENV = "ATTNLAB_DATA_MIRROR"
 
 
-class DownloadError(RuntimeError):
+class DownloadError(UserError, RuntimeError):
     """A source could not be fetched, or its checksum did not match."""
 
 

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import torch
 
+from attnlab.errors import ConfigError
+
 
 def true_function(x: torch.Tensor) -> torch.Tensor:
     """D2L's target f(x) = 2 sin(x) + x^0.8, elementwise, float."""
@@ -38,7 +40,7 @@ def synthetic_from_config(data_cfg, seed: int) -> dict[str, torch.Tensor]:
         ValueError: if the config is not ``data=synthetic`` (NW trains on nothing else).
     """
     if data_cfg.name != "synthetic":
-        raise ValueError(
+        raise ConfigError(
             f"model=nw trains on data=synthetic, not data={data_cfg.name}; drop the data= override"
         )
     return synthetic_regression(data_cfg.n_train, data_cfg.noise_std, data_cfg.x_max, seed=seed)

@@ -52,6 +52,7 @@ from attnlab.data.corpora import (
     scan_corpus,
 )
 from attnlab.data.special_tokens import BOS_ID, EOS_ID, PAD_ID, UNK_ID
+from attnlab.errors import DamagedFileError, MissingFileError, UserError
 from attnlab.files import staged_dir, write_bytes_atomic, write_json_atomic, write_text_atomic
 
 # sentencepiece's RuntimeError texts for a vocabulary size the corpus cannot give.
@@ -66,7 +67,7 @@ _CJK = re.compile(
 CJK_COVERAGE, FULL_COVERAGE = 0.9995, 1.0
 
 
-class VocabSizeError(ValueError):
+class VocabSizeError(UserError, ValueError):
     """``data.vocab_size`` does not fit the training corpus (too large or too small)."""
 
 
@@ -255,7 +256,7 @@ def load_sentencepiece(path) -> SentencePieceTokenizer:
     sp = SentencePieceTokenizer(model_file=str(path))
     ids = (sp.pad_id(), sp.unk_id(), sp.bos_id(), sp.eos_id())
     if ids != (PAD_ID, UNK_ID, BOS_ID, EOS_ID):
-        raise ValueError(
+        raise DamagedFileError(
             f"{path}: special ids (pad, unk, bos, eos) = {ids}, expected "
             f"{(PAD_ID, UNK_ID, BOS_ID, EOS_ID)}; retrain with src/tokenize_data.py"
         )
@@ -279,7 +280,7 @@ def load_tokenizer(tokenized_dir: Path):
         return D2LTokenizer.load(d / "vocab.json")
     if (d / "spm.model").exists():
         return load_sentencepiece(d / "spm.model")
-    raise FileNotFoundError(
+    raise MissingFileError(
         f"no tokenizer (spm.model or vocab.json) in {d}; run "
         "`python src/tokenize_data.py` (or `dvc repro tokenize`) with the same data= option"
     )
@@ -553,11 +554,11 @@ def load_split(prefix: Path) -> tuple[PackedIds, PackedIds]:
     rerun = "run `python src/tokenize_data.py` (or `dvc repro tokenize`) with the same data= option"
     if missing := [p for p in files.values() if not p.exists()]:
         if prefix.with_name(prefix.name + ".npz").exists():
-            raise FileNotFoundError(
+            raise MissingFileError(
                 f"{prefix.parent} holds split {prefix.name!r} in an earlier format "
                 f"({prefix.name}.npz), not {missing[0].name}; {rerun} again"
             )
-        raise FileNotFoundError(f"{missing[0]} not found; {rerun} first")
+        raise MissingFileError(f"{missing[0]} not found; {rerun} first")
     arrays = {k: np.load(p, mmap_mode="r") for k, p in files.items()}
     sides = [PackedIds(arrays[f"{side}.ids"], arrays[f"{side}.offsets"]) for side in SIDES]
     for side, packed in zip(SIDES, sides):
@@ -568,9 +569,11 @@ def load_split(prefix: Path) -> tuple[PackedIds, PackedIds]:
             or len(off) < 1
             or off[-1] != len(packed.ids)
         ):
-            raise ValueError(f"{files[side + '.offsets']} does not fit {files[side + '.ids']}; {rerun} again")
+            raise DamagedFileError(
+                f"{files[side + '.offsets']} does not fit {files[side + '.ids']}; {rerun} again"
+            )
     if len(sides[0]) != len(sides[1]):
-        raise ValueError(
+        raise DamagedFileError(
             f"{prefix}: {len(sides[0])} source but {len(sides[1])} target sentences; {rerun} again"
         )
     return sides[0], sides[1]

@@ -34,6 +34,7 @@ import torch
 from torch import nn
 
 from attnlab.data.special_tokens import BOS_ID, EOS_ID, UNK_ID
+from attnlab.export.integrity import ExportFiles, damaged, reason, write_checksums
 from attnlab.files import staged_dir
 from attnlab.inference.decoding import decodable, max_output_len, strip_special
 from attnlab.models.transformer import Transformer
@@ -246,7 +247,9 @@ def export_ctranslate2(
     The folder, which replaces ``out_dir`` atomically (:func:`attnlab.files.staged_dir`),
     holds CTranslate2's ``model.bin``, ``config.json`` and ``shared_vocabulary.json``, plus
     ``spm.model`` (a copy of ``tokenizer_path``) and ``attnlab.json`` (format version, sizes,
-    ``max_positions`` = rows of the position table, ``quantization``). Load it with
+    ``max_positions`` = rows of the position table, ``quantization``), and, written last,
+    ``SHA256SUMS`` (:mod:`attnlab.export.integrity`), which :class:`CTranslate2Translator`
+    checks the files against. Load it with
     :class:`CTranslate2Translator`, or with ``ctranslate2.Translator`` and sentencepiece
     pieces (</s> is appended by the model). The spec fields and why: the module docstring.
 
@@ -297,6 +300,7 @@ def export_ctranslate2(
         spec.save(str(tmp))
         shutil.copy(tokenizer_path, tmp / TOKENIZER_FILE)
         (tmp / METADATA).write_text(json.dumps(metadata, indent=2) + "\n", encoding="utf-8")
+        write_checksums(tmp)  # last: the folder loads on its own, and is checked as it does
     return out_dir
 
 
@@ -317,11 +321,10 @@ def ctranslate2_length_penalty(alpha: float, src_len: int) -> float:
     return float(alpha) * src_len / (5.0 + src_len)
 
 
-def _read_vocabulary(model_dir: Path) -> list[str]:
-    path = model_dir / VOCABULARY_FILE
-    if not path.is_file():  # a model saved with separate vocabularies: the target's
-        path = model_dir / "target_vocabulary.json"
-    return json.loads(path.read_text(encoding="utf-8"))
+def _read_json(files: ExportFiles, name: str):
+    """The JSON file ``name`` of a checked folder (:class:`~attnlab.export.integrity.ExportFiles`)."""
+    with files.loading(name) as path:
+        return json.loads(path.read_text(encoding="utf-8"))
 
 
 class CTranslate2Translator:
@@ -385,6 +388,8 @@ class CTranslate2Translator:
         device: "cpu" (or "cuda" where CTranslate2 was built with it).
     Raises:
         FileNotFoundError: ``model_dir`` holds no CTranslate2 model.
+        DamagedExportError: a file of the folder is missing, changed since the export (its
+            ``SHA256SUMS``) or unreadable (names it and the command that exports it again).
         ValueError: the tokenizer's pieces are not the model's vocabulary; CTranslate2's own
             error for an unsupported ``compute_type``.
     """
@@ -403,17 +408,23 @@ class CTranslate2Translator:
         from attnlab.data.tokenizer import load_sentencepiece
 
         self.model_dir = Path(model_dir)
-        if not (self.model_dir / "model.bin").is_file():
+        files = ExportFiles(self.model_dir, model="transformer")  # each file checked as it loads
+        if not (self.model_dir / "model.bin").is_file() and files.sums is None:
             raise FileNotFoundError(
                 f"{self.model_dir} holds no CTranslate2 model (model.bin); "
                 "write one with attnlab.export.ctranslate2.export_ctranslate2"
             )
         if tokenizer is None:
-            tokenizer = self.model_dir / TOKENIZER_FILE
-        if isinstance(tokenizer, (str, Path)):
+            with files.loading(TOKENIZER_FILE) as path:
+                tokenizer = load_sentencepiece(path)
+        elif isinstance(tokenizer, (str, Path)):
             tokenizer = load_sentencepiece(tokenizer)
         self.tokenizer = tokenizer
-        self.pieces: list[str] = _read_vocabulary(self.model_dir)
+        # a model saved with separate vocabularies has the target's
+        vocabulary = (
+            VOCABULARY_FILE if (self.model_dir / VOCABULARY_FILE).is_file() else "target_vocabulary.json"
+        )
+        self.pieces: list[str] = _read_json(files, vocabulary)
         if [tokenizer.id_to_piece(i) for i in range(tokenizer.get_piece_size())] != self.pieces:
             raise ValueError(
                 f"the tokenizer's {tokenizer.get_piece_size()} pieces are not the "
@@ -421,16 +432,21 @@ class CTranslate2Translator:
                 "the sentencepiece model the folder was exported with"
             )
         self.ids = {p: i for i, p in enumerate(self.pieces)}
-        meta_path = self.model_dir / METADATA
-        self.metadata = json.loads(meta_path.read_text(encoding="utf-8")) if meta_path.is_file() else {}
+        listed = files.sums is not None and METADATA in files.sums
+        self.metadata = _read_json(files, METADATA) if listed or (self.model_dir / METADATA).is_file() else {}
         self.max_positions: int | None = self.metadata.get("max_positions")
-        self.translator = ctranslate2.Translator(
-            str(self.model_dir),
-            device=device,
-            compute_type=compute_type,
-            inter_threads=inter_threads,
-            intra_threads=intra_threads,
-        )
+        for name in ("config.json", "model.bin"):  # what CTranslate2 reads
+            files.check(name)
+        try:
+            self.translator = ctranslate2.Translator(
+                str(self.model_dir),
+                device=device,
+                compute_type=compute_type,
+                inter_threads=inter_threads,
+                intra_threads=intra_threads,
+            )
+        except (RuntimeError, UnicodeDecodeError) as e:  # its reader (a bad compute_type: ValueError)
+            raise damaged(self.model_dir, f"CTranslate2 cannot load it: {reason(e)}", "transformer") from e
         self.compute_type = self.translator.compute_type
 
     def _options(self, beam_size: int, max_batch_size: int, patience: float) -> dict:

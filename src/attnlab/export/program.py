@@ -31,6 +31,7 @@ import torch
 from torch import nn
 
 from attnlab.config import cpu_flags
+from attnlab.export.integrity import damaged, reason
 
 # The sizes of the two example calls a program is exported from; a dimension whose size is
 # the first number in one call and the second in the other follows that size. Four distinct
@@ -116,9 +117,37 @@ def export_program(
     return program
 
 
-def load_program(path: Path) -> Callable:
-    """A saved program as a callable module (torch alone)."""
-    return torch.export.load(str(path)).module()
+class _DropRecord(logging.Filter):
+    """Drops the records whose message template starts with ``prefix``."""
+
+    def __init__(self, prefix: str):
+        super().__init__()
+        self.prefix = prefix
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not str(record.msg).startswith(self.prefix)
+
+
+# torch.export.load logs a file it cannot read with its traceback, then raises; the error raised
+# here names the file and the fix instead.
+_UNREADABLE = ("torch.export", "Ran into the following error when deserializing")
+
+
+def load_program(path: Path, model: str | None = None) -> Callable:
+    """A saved program as a callable module (torch alone).
+
+    Raises:
+        DamagedExportError: torch cannot read the file (cut short, overwritten, not a program):
+            names it and the command that exports ``model`` again.
+    """
+    logger, quiet = logging.getLogger(_UNREADABLE[0]), _DropRecord(_UNREADABLE[1])
+    logger.addFilter(quiet)
+    try:
+        return torch.export.load(str(path)).module()
+    except Exception as e:  # whatever torch's reader raises, the file is unusable
+        raise damaged(Path(path), f"torch cannot read it: {reason(e)}", model) from e
+    finally:
+        logger.removeFilter(quiet)
 
 
 def can_compile() -> bool:
@@ -166,11 +195,16 @@ class ExpectedIsaMismatch(logging.Filter):
 AOTI_LOGGER = "torch.export.pt2_archive._package"  # where torch logs the mismatch
 
 
-def load_compiled(path: Path) -> Callable | None:
+def load_compiled(path: Path, model: str | None = None) -> Callable | None:
     """The AOTInductor package at ``path`` as a callable, or None where this CPU cannot run
     it (not x86-64 with AVX2); the caller then uses the portable program. torch's warning
     that this CPU's ISA is wider than the package's is expected and not shown
-    (:class:`ExpectedIsaMismatch`)."""
+    (:class:`ExpectedIsaMismatch`).
+
+    Raises:
+        DamagedExportError: torch cannot load the package (cut short, overwritten): names it
+            and the command that exports ``model`` again.
+    """
     if not can_compile():
         return None
     import torch._inductor
@@ -179,5 +213,7 @@ def load_compiled(path: Path) -> Callable | None:
     logger.addFilter(quiet)
     try:
         return torch._inductor.aoti_load_package(str(path))
+    except Exception as e:  # whatever the loader raises, the package is unusable
+        raise damaged(Path(path), f"torch cannot load it: {reason(e)}", model) from e
     finally:
         logger.removeFilter(quiet)

@@ -13,6 +13,7 @@ from omegaconf import DictConfig, OmegaConf
 from torch import nn
 
 from attnlab.data.synthetic import synthetic_from_config
+from attnlab.errors import MissingFileError
 from attnlab.export.trace import export_regression, export_translation
 from attnlab.serving.registry import log_served_model, serve_command
 
@@ -37,12 +38,12 @@ def export_translation_model(cfg: DictConfig, net: nn.Module, record: dict, out_
     Returns:
         ``registered`` (name), ``version`` and ``serve`` (the ``mlflow models serve`` command).
     Raises:
-        FileNotFoundError: the corpus has no sentencepiece model (D2L's word vocabularies,
+        MissingFileError: the corpus has no sentencepiece model (D2L's word vocabularies,
             ``data=fra_eng_d2l``): names how that setup is trained and scored instead.
     """
     spm_model = Path(cfg.paths.tokenized) / "spm.model"
     if not spm_model.exists():
-        raise FileNotFoundError(
+        raise MissingFileError(
             f"export needs a sentencepiece corpus; {spm_model} does not exist (data={cfg.data.name}"
             + (
                 " uses D2L's word vocabularies: train and score it with scripts/reproduce_d2l.sh)"

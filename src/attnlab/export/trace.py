@@ -26,7 +26,9 @@ import torch
 from torch import nn
 
 from attnlab.data.special_tokens import PAD_ID
+from attnlab.errors import ConfigError
 from attnlab.export import ctranslate2 as ct2
+from attnlab.export.integrity import write_checksums
 from attnlab.export.program import (
     COMPILED_ISA,
     EXAMPLE_SIZES,
@@ -220,7 +222,9 @@ def export_translation(
     accepts, in characters, and in sentencepiece tokens (the Transformer's positional
     table − 1 for <eos>; null for the GRU, which has none); and the most one request
     to the served model may hold
-    (:meth:`attnlab.serving.translator.Translator.check_request`).
+    (:meth:`attnlab.serving.translator.Translator.check_request`). ``SHA256SUMS``, written
+    last, lists every file's SHA-256 (:mod:`attnlab.export.integrity`), which the translator
+    checks each file against as it loads it.
 
     Args:
         net: model with ``init_state``/``step`` (see :mod:`attnlab.inference.decoding`) and
@@ -258,9 +262,9 @@ def export_translation(
     }
     for key, value in limits.items():
         if int(value) < 1:
-            raise ValueError(f"serving.{key} must be ≥ 1, got {value}")
+            raise ConfigError(f"serving.{key} must be ≥ 1, got {value}")
     if max_request_chars < max_input_chars:
-        raise ValueError(
+        raise ConfigError(
             f"serving.max_request_chars ({max_request_chars}) is below "
             f"serving.max_input_chars ({max_input_chars}): a sentence of "
             f"{max_input_chars} characters would fit no request. Raise "
@@ -273,7 +277,7 @@ def export_translation(
         else (max_input_chars + 1, "max_input_chars + 1")
     )
     if max_request_tokens < one_sentence:
-        raise ValueError(
+        raise ConfigError(
             f"serving.max_request_tokens ({max_request_tokens}) is below the "
             f"{one_sentence} tokens one sentence may have ({which}): such a "
             "sentence would fit no request. Raise max_request_tokens"
@@ -309,6 +313,7 @@ def export_translation(
                 indent=2,
             )
         )
+        write_checksums(tmp)  # last: every file's SHA-256, checked as the folder loads
     return out_dir
 
 
@@ -346,4 +351,5 @@ def export_regression(
         (tmp / "config.json").write_text(
             json.dumps({"format_version": FORMAT_VERSION, "task": "regression", **config}, indent=2)
         )
+        write_checksums(tmp)
     return out_dir

@@ -24,6 +24,7 @@ import torch
 
 from attnlab.config import has_bf16_units
 from attnlab.data.tokenizer import BOS_ID, EOS_ID, PAD_ID
+from attnlab.errors import ConfigError, UserError
 
 # What evaluate reports of its decoding (metrics/<model>.json → decoding).
 MAX_OUTPUT_LEN = "min(1.5 * source tokens + 10, 256) per sentence, source <eos> and output <eos> included"
@@ -181,7 +182,7 @@ def beam_search(
             than (B,).
     """
     if beam_size < 1 or alpha < 0:
-        raise ValueError(f"need beam_size ≥ 1 and alpha ≥ 0; got beam_size={beam_size}, alpha={alpha}")
+        raise ConfigError(f"need beam_size ≥ 1 and alpha ≥ 0; got beam_size={beam_size}, alpha={alpha}")
     B, K, dev = src.shape[0], beam_size, src.device
     caps, out = _limits(max_len, src)
     if B == 0 or not bool((caps > 0).any()):
@@ -269,7 +270,7 @@ def decodable(sentences: Sequence[str], src_valid_lens: torch.Tensor) -> torch.T
     return text & (src_valid_lens.cpu() > 1)
 
 
-class Bf16UnitsError(ValueError):
+class Bf16UnitsError(UserError, ValueError):
     """bf16 decoding asked of a device without bf16 matrix units (:func:`require_bf16_units`)."""
 
 

@@ -17,6 +17,7 @@ from attnlab.data.corpora import read_lines
 from attnlab.data.synthetic import synthetic_from_config
 from attnlab.data.tokenizer import load_sentencepiece
 from attnlab.device import single_device
+from attnlab.errors import UserError
 from attnlab.inference.decoding import LENGTH_PENALTY, MAX_OUTPUT_LEN, require_bf16_units, translate_text
 from attnlab.metrics import bleu_tokenizer, corpus_scores, sacrebleu_signatures
 from attnlab.models import Bahdanau, NadarayaWatson, Transformer
@@ -25,7 +26,7 @@ from attnlab.models.nadaraya_watson import nw_evaluation
 BATCH_SIZE = 128  # test sentences decoded together (sorted by length)
 
 
-class NoTestSplitError(ValueError):
+class NoTestSplitError(UserError, ValueError):
     """A test split evaluate cannot score: the data has none (D2L's fra_eng_d2l: names the command
     that scores it), ``data.more_test_splits`` names one the corpus lacks, or the tokenized folder
     lacks a split's text (it predates the config: names the stage that writes it)."""

@@ -12,6 +12,8 @@ from __future__ import annotations
 import pytorch_lightning as pl
 import torch
 
+from attnlab.errors import ConfigError
+
 
 class WeightAveraging(pl.Callback):
     """Keeps the module's ``state_dict`` at the end of each of the last ``n`` training epochs.
@@ -33,7 +35,7 @@ class WeightAveraging(pl.Callback):
 
     def __init__(self, n: int):
         if n < 1:
-            raise ValueError(f"checkpoint.average_last must be ≥ 1 to average (0 turns it off), got {n}")
+            raise ConfigError(f"checkpoint.average_last must be ≥ 1 to average (0 turns it off), got {n}")
         self.n = n
         self.snapshots: dict[int, dict[str, torch.Tensor]] = {}  # epoch (0-based) → state
 

@@ -15,6 +15,7 @@ from pathlib import Path
 import pytorch_lightning as pl
 from pytorch_lightning.utilities.exceptions import SIGTERMException
 
+from attnlab.errors import ConfigError
 from attnlab.lit.averaging import WeightAveraging
 from attnlab.lit.resume import LAST, ResumableCheckpoint, ResumePoint
 from attnlab.loss import NonFiniteLossError
@@ -30,19 +31,19 @@ class TrainingCheckpoints:
             ``every_n_train_steps``, ``average_last``).
         folder: where they are written (``paths.checkpoints``).
     Raises:
-        ValueError: ``filename`` is ``last``, the resume checkpoint's name;
+        ConfigError: ``filename`` is ``last``, the resume checkpoint's name;
             ``average_last`` < 0.
     """
 
     def __init__(self, settings, folder: str | Path):
         self.folder, self.filename = Path(folder), settings.filename
         if settings.filename == LAST:
-            raise ValueError(
+            raise ConfigError(
                 f"checkpoint.filename={LAST} is reserved for the resume checkpoint; "
                 "choose another name, e.g. checkpoint.filename=final"
             )
         if settings.average_last < 0:
-            raise ValueError(
+            raise ConfigError(
                 f"checkpoint.average_last={settings.average_last}: give the number of last "
                 "epochs to average (≥ 1), or 0 to keep the best checkpoint by monitor"
             )

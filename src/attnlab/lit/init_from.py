@@ -41,6 +41,7 @@ from omegaconf import DictConfig, OmegaConf
 from torch import nn
 
 from attnlab.checkpoint import TOKENIZER_KEY, CheckpointError, file_sha256
+from attnlab.errors import UserError
 from attnlab.lit.resume import LAST, ResumeState
 from attnlab.tracking.store import read_run_record
 
@@ -54,7 +55,7 @@ CHECKPOINT_ARTIFACT = "checkpoint"  # the run's artifact folder train.py logs th
 _MISSING = object()
 
 
-class InitFromError(ValueError):
+class InitFromError(UserError, ValueError):
     """``init_from`` names no usable parent, or one this run cannot start from."""
 
 

@@ -23,6 +23,7 @@ from attnlab.checkpoint import TOKENIZER_KEY, tokenizer_record
 from attnlab.data.corpora import read_lines
 from attnlab.data.datamodule import TranslationDataModule
 from attnlab.data.tokenizer import PAD_ID
+from attnlab.errors import ConfigError
 from attnlab.inference.decoding import translate_text
 from attnlab.lit.heatmaps import EpochHeatmaps
 from attnlab.loss import NonFiniteLossError, sequence_loss
@@ -53,7 +54,7 @@ def linear_warmup_decay(warmup_steps: int, total_steps: int):
         ValueError: ``total_steps`` is not larger than ``warmup_steps`` (no step would decay).
     """
     if total_steps <= max(warmup_steps, 0):
-        raise ValueError(
+        raise ConfigError(
             f"lr_decay=linear needs more steps than warm-up: {total_steps} step(s) planned "
             f"(trainer.max_epochs / max_steps), warmup_steps={warmup_steps}; raise "
             "trainer.max_epochs or lower model.warmup_steps"
@@ -100,6 +101,8 @@ class TranslationModule(pl.LightningModule):
     (:class:`~attnlab.metrics.CorpusScores`) are summed across ranks into one corpus score.
     ``val_loss`` is likewise a token-weighted ``MeanMetric`` reduced across ranks.
     Raises:
+        ConfigError: a ``model.net`` the model classes refuse (their message), an unknown
+            ``lr_decay``.
         NonFiniteLossError: from ``training_step`` when the loss is NaN or ±inf (names the step).
     """
 
@@ -117,12 +120,15 @@ class TranslationModule(pl.LightningModule):
     ):
         super().__init__()
         if lr_decay not in LR_DECAYS:
-            raise ValueError(
+            raise ConfigError(
                 f"model.lr_decay={lr_decay!r} is not a schedule; choose one of {', '.join(LR_DECAYS)}"
             )
         self.save_hyperparameters(logger=False)
         extra = {"src_vocab_size": src_vocab_size} if src_vocab_size else {}
-        self.net = build_net(net, vocab_size=vocab_size, pad_id=PAD_ID, **extra)
+        try:  # the models check their sizes and switches (model.net.*): a config error
+            self.net = build_net(net, vocab_size=vocab_size, pad_id=PAD_ID, **extra)
+        except ValueError as e:
+            raise ConfigError(str(e)) from e
         # Validation metrics (states not saved in checkpoints, summed across DDP ranks).
         # A NaN batch loss makes val_loss NaN (a float strategy puts that float in place of a NaN,
         # weight kept): "warn"/"ignore" would drop the batch, and "disable" replaces every
@@ -301,7 +307,7 @@ class TranslationModule(pl.LightningModule):
             FileNotFoundError: the corpus is not tokenized yet (names the stage to run).
         """
         if cfg.data.name == "synthetic":
-            raise ValueError(
+            raise ConfigError(
                 f"model={cfg.model.name} translates; choose data=multi30k, data=fra_eng or data=parallel"
             )
         dm = TranslationDataModule(

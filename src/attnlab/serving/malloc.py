@@ -20,6 +20,8 @@ import ctypes.util
 import os
 import platform
 
+from attnlab.errors import ConfigError
+
 M_ARENA_MAX = -8  # mallopt() parameter number in glibc's <malloc.h>
 SERVING_ARENAS = 2
 ENV = "ATTNLAB_MALLOC_ARENAS"  # the served model's cap; 0 leaves glibc's default
@@ -49,11 +51,11 @@ def cap_malloc_arenas(arenas: int | None = None) -> bool:
         try:
             arenas = int(value)
         except ValueError:
-            raise ValueError(
+            raise ConfigError(
                 f"{ENV}={value!r}: give a number of malloc arenas (0 leaves glibc's default)"
             ) from None
     if arenas < 0:
-        raise ValueError(f"arenas={arenas}: give 1 or more malloc arenas, or 0 to leave glibc's default")
+        raise ConfigError(f"arenas={arenas}: give 1 or more malloc arenas, or 0 to leave glibc's default")
     if (
         arenas == 0
         or "MALLOC_ARENA_MAX" in os.environ

@@ -11,10 +11,13 @@ name the registered model, its URI and the command that serves it.
 
 from __future__ import annotations
 
+import logging
 from pathlib import Path
 
+from attnlab.errors import UserError
 from attnlab.serving.requirements import PACKAGE_DIR, SERVING_CODE, served_requirements
 from attnlab.serving.translator import DEFAULT_ENGINE, Translator
+from attnlab.tracking.logged_models import HeldStops, end_run_as, fail_logged_models, now_ms
 
 EXPORT_ARTIFACT = "export"  # key of the export folder in the pyfunc's context.artifacts
 SERVING_EXAMPLE = ["A man rides a bike."]
@@ -23,8 +26,10 @@ SERVING_EXAMPLE = ["A man rides a bike."]
 SERVING_PARAMS = {"alignments": False, "engine": DEFAULT_ENGINE}
 CHAMPION = "champion"  # registry alias of the newest version of each registered model
 
+log = logging.getLogger(__name__)
 
-class ServingExportError(RuntimeError):
+
+class ServingExportError(UserError, RuntimeError):
     """Logging or registering the served model in MLflow failed."""
 
 
@@ -68,6 +73,12 @@ def log_served_model(export_dir: Path, model: str, run_id: str, tracking_uri: st
     environment built from that file alone (``--env-manager virtualenv``, Docker).
     Sets this process's MLflow tracking URI to ``tracking_uri``.
 
+    A call that fails or is stopped before the version is registered leaves no PENDING model
+    in the run: the model it logged ends FAILED, and the run keeps its status. A first Ctrl-C
+    or SIGTERM stops it at the end of the MLflow step under way, a second at once
+    (:mod:`attnlab.tracking.logged_models`); PENDING models an earlier export of the run left
+    (killed) are marked FAILED at the start, with a warning.
+
     Args:
         export_dir: folder written by :func:`attnlab.export.trace.export_translation`.
         model: architecture name (``transformer``, ``bahdanau``); the registered
@@ -110,10 +121,15 @@ def log_served_model(export_dir: Path, model: str, run_id: str, tracking_uri: st
         "empty_request": "HTTP 400 (INVALID_PARAMETER_VALUE)",
         "empty_input": "translates to an empty string",
     }
-    step = "logging"
+    step, registered, status = "logging", False, None
+    since = now_ms()  # the run's models logged since are this call's
+    stops = HeldStops(f"export of {model}")  # Ctrl-C, SIGTERM: at the end of the step under way
     try:
         mlflow.set_tracking_uri(tracking_uri)
         status = mlflow.MlflowClient(tracking_uri).get_run(run_id).info.status
+        status = status if status in ("FINISHED", "FAILED", "KILLED") else "FINISHED"
+        for stale in fail_logged_models(tracking_uri, run_id, pending_only=True):
+            log.warning("marked FAILED the served model %s an earlier, stopped export left PENDING", stale)
         mlflow.start_run(run_id=run_id)
         try:
             info = mlflow.pyfunc.log_model(
@@ -127,15 +143,18 @@ def log_served_model(export_dir: Path, model: str, run_id: str, tracking_uri: st
                 tags={"model": model},
             )
         finally:  # the training run keeps its status (a failed export is not a failed training)
-            mlflow.end_run(status if status in ("FINISHED", "FAILED", "KILLED") else "FINISHED")
+            mlflow.end_run(status)
+        stops.check()
         step = "loading back"
         answer = mlflow.pyfunc.load_model(info.model_uri).predict(SERVING_EXAMPLE)
         if not (isinstance(answer, list) and len(answer) == 1 and isinstance(answer[0], str)):
             raise ValueError(
                 f"the logged model answered {answer!r} to {SERVING_EXAMPLE!r}, expected a list of one string"
             )
+        stops.check()
         step = "registering"
         version = int(mlflow.register_model(info.model_uri, name).version)
+        registered = True
         client = mlflow.MlflowClient(tracking_uri)
         client.update_model_version(
             name,
@@ -152,11 +171,31 @@ def log_served_model(export_dir: Path, model: str, run_id: str, tracking_uri: st
         )
         step = f"setting the alias {CHAMPION} of"
         client.set_registered_model_alias(name, CHAMPION, version)
-    except Exception as e:  # any failure means "not served"; the cause is chained
+    except BaseException as e:  # Ctrl-C and SIGTERM too: a model logged, not registered, ends FAILED
+        stops.cleaning = True  # nothing stops the cleanup
+        _clean_up(tracking_uri, run_id, status, None if registered else since)
+        if not isinstance(e, Exception):
+            raise
         raise ServingExportError(
             f"{step} the served model {name} (export {export_dir}) in MLflow run {run_id} at "
             f"{tracking_uri} failed: {type(e).__name__}: {e}. The export folder itself is written; "
             "check that the store is reachable and holds the run (runs/<model>.json), then "
             f"re-run `python src/export.py model={model}` (or `dvc repro export@{model}`)"
         ) from e
+    finally:
+        stops.restore()
     return name, version
+
+
+def _clean_up(tracking_uri: str, run_id: str, status: str | None, since: int | None) -> None:
+    """After a failed or stopped :func:`log_served_model`: the run's models logged since
+    ``since`` (None: none, the model was registered) end FAILED, and the training run gets back
+    its ``status`` (None: it was not opened). The store's own errors are logged, not raised: the
+    error that stopped the export is the one to report."""
+    try:
+        if since is not None:
+            fail_logged_models(tracking_uri, run_id, since)
+        if status is not None:
+            end_run_as(tracking_uri, run_id, status)
+    except Exception as e:  # noqa: BLE001 - see above: logged, and the first error goes on
+        log.warning("could not leave MLflow run %s in %s as it was: %s", run_id, tracking_uri, e)

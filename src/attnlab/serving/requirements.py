@@ -10,6 +10,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from attnlab.errors import UserError
+
 SERVING_CODE = Path(__file__).with_name("model.py")  # the "models from code" file, beside this one
 PACKAGE_DIR = SERVING_CODE.parents[1]  # the attnlab package: the served model's code path
 # Top-level module → its pip distribution, for modules that several installed distributions
@@ -17,7 +19,7 @@ PACKAGE_DIR = SERVING_CODE.parents[1]  # the attnlab package: the served model's
 SERVED_DISTRIBUTIONS: dict[str, str] = {}
 
 
-class ServedRequirementsError(RuntimeError):
+class ServedRequirementsError(UserError, RuntimeError):
     """The served code imports a module that no installed pip distribution provides."""
 
 

@@ -57,49 +57,86 @@ DEFAULT_MAX_REQUEST_CHARS = 4000
 DEFAULT_MAX_REQUEST_TOKENS = 1000
 
 
-def _load_function(folder: Path, runtime: dict, name: str):
+def _load_function(folder: Path, runtime: dict, name: str, files=None):
     """One decoding function of an export folder: the AOTInductor build where this CPU runs
     it, else the ``torch.export`` program, or the TorchScript trace of an older export or of
-    a model torch.export cannot export."""
-    from attnlab.export.program import load_compiled, load_program
+    a model torch.export cannot export. Each file is checked against the folder's
+    ``SHA256SUMS`` first (``files``: the folder's
+    :class:`~attnlab.export.integrity.ExportFiles`, made here if not given).
 
+    A damaged AOTInductor build beside a whole portable program: the program, with a
+    :class:`~attnlab.export.integrity.DamagedExportWarning` that names the damaged file and the
+    fix, once per process (:func:`~attnlab.export.integrity.warn_once`).
+
+    Raises:
+        DamagedExportError: the file to load is missing, changed since the export or
+            unreadable (names it and the command that exports the model again).
+    """
+    from attnlab.export.integrity import DamagedExportError, ExportFiles, warn_once
+    from attnlab.export.program import can_compile, load_compiled, load_program
+
+    files = files or ExportFiles(folder)
+    portable = runtime.get("files", {}).get(name, f"{name}.pt")
     compiled = runtime.get("compiled", {}).get(name)
-    if compiled is not None:
-        function = load_compiled(folder / compiled)
-        if function is not None:
-            return function
-    file = runtime.get("files", {}).get(name, f"{name}.pt")
-    if file.endswith(".pt2"):
-        return load_program(folder / file)
-    return torch.jit.load(str(folder / file), map_location="cpu")
+    if compiled is not None and can_compile():
+        try:
+            return load_compiled(files.check(compiled), files.model_name())
+        except DamagedExportError as e:
+            if not files.whole(portable):
+                raise
+            warn_once(
+                f"{e}. Translating with the portable program {folder / portable} instead, "
+                "which gives the same translations, more slowly"
+            )
+    if portable.endswith(".pt2"):
+        return load_program(files.check(portable), files.model_name())
+    with files.loading(portable) as path:
+        return torch.jit.load(str(path), map_location="cpu")
 
 
 def load_translator(export_dir: Path):
     """Load an export folder: (init_state, step, tokenizer, config), with torch and sentencepiece only.
 
+    Every file is checked against the folder's ``SHA256SUMS`` before it is loaded (a folder
+    written before it existed is loaded unchecked): :mod:`attnlab.export.integrity`.
+
     Raises:
-        FileNotFoundError: if the folder is not a translation export (names the stage to run).
+        MissingFileError: the folder holds no export (a ``FileNotFoundError``; names the stage
+            to run).
+        ConfigError: the folder holds another task's export (a ``ValueError``).
+        DamagedExportError: a file of the folder is missing, cut short, changed since the
+            export or unreadable (a ``ValueError``; names it and the command that exports the
+            model again). A damaged AOTInductor build beside a whole portable program is
+            passed over instead (:func:`_load_function`).
     """
     from attnlab.data.tokenizer import load_sentencepiece  # sentencepiece, with encode_sources
+    from attnlab.errors import ConfigError, MissingFileError
+    from attnlab.export.integrity import ExportFiles
 
     d = Path(export_dir)
     cfg_path = d / "config.json"
     if not cfg_path.exists():
-        raise FileNotFoundError(
+        raise MissingFileError(
             f"{cfg_path} not found; export first with `python src/export.py model=<name>` or `dvc repro`"
         )
-    config = json.loads(cfg_path.read_text())
+    files = ExportFiles(d)
+    with files.loading("config.json") as path:
+        config = json.loads(path.read_text(encoding="utf-8"))
+        if not isinstance(config, dict):
+            raise ValueError(f"it holds a JSON {type(config).__name__}, not an object")
     runtime = config.get("runtime") or {}  # older exports: TorchScript init_state.pt, step.pt
     step_file = runtime.get("files", {}).get("step", "step.pt")
-    if not (d / step_file).exists():  # a regression export holds model.pt alone
-        raise ValueError(
+    listed = files.sums is not None and step_file in files.sums  # missing then: damaged
+    if not (d / step_file).exists() and not listed:  # a regression export holds model.pt alone
+        raise ConfigError(
             f"{d} has no step function: it is not a translation model's export "
             f"(config.json says task {config.get('task')!r}); pass one, e.g. "
             "models/transformer, or export it again with `python src/export.py model=<name>`"
         )
-    init_state = _load_function(d, runtime, "init_state")
-    step = _load_function(d, runtime, "step")
-    tokenizer = load_sentencepiece(d / "spm.model")
+    init_state = _load_function(d, runtime, "init_state", files)
+    step = _load_function(d, runtime, "step", files)
+    with files.loading("spm.model") as path:
+        tokenizer = load_sentencepiece(path)
     return init_state, step, tokenizer, config
 
 

@@ -10,23 +10,24 @@ and export add to the same run.
 
 from __future__ import annotations
 
-import contextlib
 import json
 import logging
 import os
-from contextlib import contextmanager
+from contextlib import closing, contextmanager
 from pathlib import Path
 
+from attnlab.console.errors import process_rank
+from attnlab.errors import DamagedFileError, MissingFileError, UserError
 from attnlab.files import rebase, write_json_atomic
 
 log = logging.getLogger(__name__)
 
 
-class TrackingServerError(ConnectionError):
+class TrackingServerError(UserError, ConnectionError):
     """The MLflow tracking server named by the tracking URI cannot be reached."""
 
 
-class TrackingStoreError(RuntimeError):
+class TrackingStoreError(UserError, RuntimeError):
     """The local MLflow store file (``mlflow.db``) is not a readable SQLite database."""
 
 
@@ -51,7 +52,7 @@ def check_store_file(tracking_uri: str) -> None:
     why = None if header == _SQLITE_HEADER else "its first bytes are not SQLite's header"
     if why is None:
         try:
-            with contextlib.closing(sqlite3.connect(f"file:{db}?mode=ro", uri=True)) as con:
+            with closing(sqlite3.connect(f"file:{db}?mode=ro", uri=True)) as con:
                 con.execute("PRAGMA schema_version").fetchone()
         except sqlite3.DatabaseError as e:
             why = f"SQLite: {e}"
@@ -111,19 +112,10 @@ def prepare_store(tracking_uri: str, artifact_location: str) -> None:
     """
     check_tracking_server(tracking_uri)
     check_store_file(tracking_uri)
-    if _rank() != 0:  # DDP: rank 0 re-points the store, the others never log artifacts
+    if process_rank() != 0:  # DDP: rank 0 re-points the store, the others never log artifacts
         return
     for old, new in rebase_moved_store(tracking_uri, artifact_location).items():
         log.warning("the project moved: MLflow artifact locations under %s now point at %s", old, new)
-
-
-def _rank() -> int:
-    """This process's global rank, from the variables DDP launchers set (as Lightning reads
-    them: RANK, LOCAL_RANK, SLURM_PROCID, JSM_NAMESPACE_RANK); 0 when none is set."""
-    for key in ("RANK", "LOCAL_RANK", "SLURM_PROCID", "JSM_NAMESPACE_RANK"):
-        if os.environ.get(key) is not None:
-            return int(os.environ[key])
-    return 0
 
 
 def _local_db(uri: str) -> Path | None:
@@ -141,15 +133,24 @@ def read_run_record(path: Path, model: str) -> dict:
     and returned as an absolute path and an absolute ``sqlite:////…`` URI.
 
     Raises:
-        FileNotFoundError: if ``model`` was not trained yet (names the command to run).
+        MissingFileError: if ``model`` was not trained yet (names the command to run).
+        DamagedFileError: the record is not the JSON object training writes (names the file and
+            the command that writes it again).
     """
     path = Path(path)
+    train = f"`python src/train.py model={model}` or `dvc repro train@{model}`"
     if not path.exists():
-        raise FileNotFoundError(
-            f"{path} not found: train first with "
-            f"`python src/train.py model={model}` or `dvc repro train@{model}`"
+        raise MissingFileError(f"{path} not found: train first with {train}")
+    try:
+        record = json.loads(path.read_text(encoding="utf-8"))
+        why = None if isinstance(record, dict) and "checkpoint" in record else "it names no checkpoint"
+    except ValueError as e:  # not UTF-8, not JSON
+        why = f"{type(e).__name__}: {e}"
+    if why is not None:
+        raise DamagedFileError(
+            f"{path} is damaged or not a run record of src/train.py ({why}): restore it from a "
+            f"copy, or train again with {train}"
         )
-    record = json.loads(path.read_text())
     record["checkpoint"] = str((path.parent / record["checkpoint"]).resolve())
     if "tracking_db" in record:
         record["tracking_uri"] = f"sqlite:///{(path.parent / record.pop('tracking_db')).resolve()}"

@@ -38,6 +38,8 @@ from hydra.experimental.callback import Callback
 from hydra.types import RunMode
 from omegaconf import DictConfig, OmegaConf
 
+from attnlab.console.errors import JobError
+from attnlab.errors import DamagedFileError, UserError
 from attnlab.tracking.store import check_tracking_server
 
 log = logging.getLogger(__name__)
@@ -62,7 +64,7 @@ class SweepJob:
 SINGLE_RUN = SweepJob()
 
 
-class SweepConfigError(ValueError):
+class SweepConfigError(UserError, ValueError):
     """A setting that cannot work inside a Hydra multirun."""
 
 
@@ -218,7 +220,7 @@ def find_parents(client, sweep_id: str, experiment_ids: list[str] | None = None,
     """The parent runs of the sweep ``sweep_id`` in ``experiment_ids`` (default: all), with
     ``status`` if given. The id is hex digits: safe inside the filter string."""
     if not re.fullmatch(r"[0-9a-f]+", sweep_id):
-        raise ValueError(f"sweep id {sweep_id!r} is not hex; delete the sweep dir's .mlflow-sweep-id")
+        raise DamagedFileError(f"sweep id {sweep_id!r} is not hex; delete the sweep dir's .mlflow-sweep-id")
     ids = experiment_ids or [e.experiment_id for e in client.search_experiments()]
     query = f"tags.`sweep.parent` = 'true' AND tags.`sweep.id` = '{sweep_id}'"
     return client.search_runs(ids, query + (f" AND attributes.status = '{status}'" if status else ""))
@@ -287,6 +289,8 @@ class MLflowSweepCallback(Callback):
             return
         ensure_parent(config, _sweep_dir(config.hydra))
         err = job_return._return_value  # the exception (the return_value property raises it)
+        if isinstance(err, JobError):  # a user's error, as attnlab.console.errors ended the job
+            err = err.__cause__ or err
         error = str(err).partition("\n")[0]
         note = f"{' '.join(config.hydra.overrides.task)}: {type(err).__name__}: {error}"
         client = _client(config)

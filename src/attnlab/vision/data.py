@@ -23,6 +23,8 @@ from hydra.utils import get_method
 from omegaconf import DictConfig
 from torch.utils.data import DataLoader, TensorDataset
 
+from attnlab.errors import ConfigError, MissingFileError
+
 SPLITS = ("train", "val", "test")
 
 
@@ -43,7 +45,7 @@ def _check_image_config(data: DictConfig, images: torch.Tensor) -> None:
     """The images' shape must be the one the data config promises (the nets are sized from it)."""
     expected = (data.channels, data.image_size, data.image_size)
     if tuple(images.shape[1:]) != expected:
-        raise ValueError(
+        raise ConfigError(
             f"data={data.name}: images of shape {tuple(images.shape[1:])} (C, H, W), but the config "
             f"says channels={data.channels}, image_size={data.image_size}: fix conf/data/{data.name}.yaml"
         )
@@ -54,7 +56,7 @@ def _subset(splits: dict, subset: int | None) -> dict:
     if subset is None:
         return splits
     if subset < 1:
-        raise ValueError(f"data.subset={subset}; give a positive number of images per split, or null")
+        raise ConfigError(f"data.subset={subset}; give a positive number of images per split, or null")
     return {k: (x[:subset], y[:subset]) for k, (x, y) in splits.items()}
 
 
@@ -67,7 +69,7 @@ def load_image_splits(data: DictConfig) -> ImageSplits:
             are), a non-positive ``subset``, images of another shape than the config's.
     """
     if data.get("load") is None:
-        raise ValueError(
+        raise ConfigError(
             f"data={data.name} holds no images; the image models train on data=digits, data=mnist "
             "or data=cifar10"
         )
@@ -138,13 +140,13 @@ def load_torchvision_splits(data: DictConfig) -> ImageSplits:
     try:
         train_set, test_set = (cls(str(root), train=flag, download=False) for flag in (True, False))
     except RuntimeError as e:
-        raise FileNotFoundError(
+        raise MissingFileError(
             f"data={data.name}: {e} (torchvision.datasets.{data.dataset}, root {root}). Put the "
             f"files there: {data.files}; or set data.root"
         ) from None
     x, y = _as_nchw(train_set.data), torch.as_tensor(np.asarray(train_set.targets), dtype=torch.long)
     if not 0 < data.val_size < len(y):
-        raise ValueError(
+        raise ConfigError(
             f"data.val_size={data.val_size}; give 1 to {len(y) - 1} (the training set has {len(y)})"
         )
     perm = torch.randperm(len(y), generator=torch.Generator().manual_seed(data.split_seed))

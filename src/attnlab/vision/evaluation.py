@@ -27,9 +27,13 @@ from attnlab.vision.vit import build_image_net
 BATCH_SIZE = 256  # test images scored together
 
 
-def load_classifier(path: Path, expected_kind: str | None = None) -> nn.Module:
+def load_classifier(
+    path: Path, expected_kind: str | None = None, tokenized_dir: Path | None = None
+) -> nn.Module:
     """The image classifier a ``src/train.py`` checkpoint of ``model=vit``/``cnn`` holds, in eval
     mode on the CPU, read with ``torch.load(weights_only=True)`` (tensors and plain containers only).
+    ``tokenized_dir`` is accepted as :func:`attnlab.checkpoint.load_net` takes it (a task's
+    ``load``), and not read: an image model has no tokenizer.
 
     Raises:
         CheckpointError: a missing, corrupt or foreign file; a model of another kind than

@@ -20,6 +20,7 @@ from typing import cast
 import torch
 from torch import nn
 
+from attnlab.errors import ConfigError
 from attnlab.models.transformer import TransformerEncoderBlock
 
 
@@ -35,7 +36,7 @@ class PatchEmbedding(nn.Module):
     def __init__(self, image_size: int, patch_size: int, in_channels: int, d_model: int):
         super().__init__()
         if image_size % patch_size:
-            raise ValueError(
+            raise ConfigError(
                 f"image_size={image_size} is not divisible by patch_size={patch_size}; "
                 "set model.net.patch_size to a divisor of the image size"
             )
@@ -190,12 +191,12 @@ def build_image_net(config: Mapping, image_size: int, in_channels: int, num_clas
     target = config.get("_target_")
     classes = {f"{c.__module__}.{c.__qualname__}": c for c in (VisionTransformer, SmallCNN)}
     if target not in classes:
-        raise ValueError(
+        raise ConfigError(
             f"image model config names _target_={target!r}; attnlab builds only "
             f"{', '.join(IMAGE_NET_TARGETS)}: set model.net._target_ to one of them"
         )
     args = {k: v for k, v in config.items() if k != "_target_"}
     bad = [k for k in args if k.startswith("_")]
     if bad:
-        raise ValueError(f"image model config {target}: keys {bad} are not model settings; remove them")
+        raise ConfigError(f"image model config {target}: keys {bad} are not model settings; remove them")
     return classes[target](image_size=image_size, in_channels=in_channels, num_classes=num_classes, **args)
