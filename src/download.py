@@ -11,6 +11,7 @@ from omegaconf import DictConfig
 
 from attnlab.console import logs, summaries
 from attnlab.data.download import DownloadError, fetch
+from attnlab.files import FileWriteError
 
 
 @hydra.main(version_base="1.3", config_path="../conf", config_name="download")
@@ -22,7 +23,7 @@ def main(cfg: DictConfig) -> None:
         digests = {k: list(v) for k, v in src.items() if k in ("sha256", "sha1")}
         try:
             fetched = fetch(relpath, url, digests, raw, mirror=cfg.mirror or "")
-        except DownloadError as e:
+        except (DownloadError, FileWriteError) as e:
             raise SystemExit(f"download failed: {e}") from None
         files.append((relpath, fetched.downloaded))
     print(summaries.download_summary(raw, files, f"mirror {cfg.mirror}" if cfg.mirror else "canonical URLs"))

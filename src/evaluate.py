@@ -29,6 +29,7 @@ from attnlab.device import DeviceUnavailableError
 from attnlab.files import write_json_atomic, write_lines_atomic
 from attnlab.inference.decoding import Bf16UnitsError
 from attnlab.inference.evaluation import NoTestSplitError
+from attnlab.inference.lengths import PairTooLongError
 from attnlab.tracking.store import TrackingStoreError, log_to_run, prepare_store, read_run_record
 
 
@@ -53,7 +54,7 @@ def main(cfg: DictConfig) -> None:
         result = evaluate(cfg, net)
     except NoTestSplitError as e:
         raise SystemExit(str(e)) from None
-    except (DeviceUnavailableError, Bf16UnitsError) as e:
+    except (DeviceUnavailableError, Bf16UnitsError, PairTooLongError) as e:
         raise SystemExit(f"evaluate failed: {e}") from None
     hyp_path, artifacts = None, []
     if result.hypotheses is not None:

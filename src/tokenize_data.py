@@ -30,6 +30,7 @@ from omegaconf import DictConfig
 
 from attnlab.console import logs, summaries
 from attnlab.data.corpora import CorpusError, TokenizeError
+from attnlab.files import FileWriteError
 
 
 @hydra.main(version_base="1.3", config_path="../conf", config_name="config")
@@ -48,7 +49,7 @@ def main(cfg: DictConfig) -> None:
     out = Path(cfg.paths.tokenized)
     try:
         report = tokenize(cfg, out)
-    except (CorpusError, TokenizeError) as e:
+    except (CorpusError, TokenizeError, FileWriteError) as e:
         raise SystemExit(f"tokenize failed: {e}") from None
     for line in report.lines:
         print(line)

@@ -37,6 +37,7 @@ from attnlab.config import check_precision
 from attnlab.console import logs, summaries
 from attnlab.data.tokenizer import corpus_path_tag
 from attnlab.files import ensure_writable
+from attnlab.inference.lengths import PairTooLongError
 from attnlab.lit.checkpoints import TrainingCheckpoints
 from attnlab.lit.history import EpochHistoryLogger
 from attnlab.lit.init_from import InitFromError, start_from_parent
@@ -70,7 +71,10 @@ def main(cfg: DictConfig) -> None:
     checkpoints = TrainingCheckpoints(cfg.checkpoint, cfg.paths.checkpoints)
     pl.seed_everything(cfg.seed, workers=True)
     # The model's task (conf/model/<model>.yaml: task.module) builds its module and data.
-    module, loaders = get_class(cfg.model.task.module).from_config(cfg)
+    try:  # every split fits the model before anything trains (attnlab.inference.lengths)
+        module, loaders = get_class(cfg.model.task.module).from_config(cfg)
+    except PairTooLongError as e:
+        raise SystemExit(f"train: {e}") from None
     fingerprint = config_fingerprint(cfg)
     # a checkpoint of this config on a corpus tokenized anew since (same folder) is not resumed
     resume, why = find_resume_point(checkpoints.folder, fingerprint, tokenizer_record(cfg.paths.tokenized))
@@ -113,7 +117,13 @@ def main(cfg: DictConfig) -> None:
         *module.epoch_callbacks(cfg, plots, logger),
     ]
     history = EpochHistoryLogger(plots / "history.csv", resume=resume is not None)
-    trainer = pl.Trainer(**cfg.trainer, **cfg.device, logger=[logger, history], callbacks=callbacks)
+    trainer = pl.Trainer(
+        **cfg.trainer,
+        **cfg.device,
+        logger=[logger, history],
+        callbacks=callbacks,
+        plugins=checkpoints.plugins(),
+    )
     if trainer.is_global_zero and resume is None:
         logger.log_hyperparams(OmegaConf.to_container(cfg, resolve=True))
         logger.log_text(OmegaConf.to_yaml(cfg, resolve=True), "config.yaml")

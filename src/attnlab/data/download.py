@@ -21,6 +21,8 @@ import urllib.request
 from pathlib import Path
 from typing import NamedTuple
 
+from attnlab.files import write_error
+
 MIRROR_ENV = "ATTNLAB_DATA_MIRROR"
 
 
@@ -109,6 +111,8 @@ def fetch(
             transfer cut short; or a digest not in ``digests``, e.g. a truncated
             or corrupt archive (names the file and source). In every case no
             file is left behind and an existing target is not touched.
+        attnlab.files.FileWriteError: the file cannot be written (a full disk: names it and
+            the fix); likewise nothing is left behind and the target is not touched.
     """
     mirror = os.environ.get(MIRROR_ENV) if mirror is None else mirror
     dest = Path(dest_root) / relpath
@@ -120,6 +124,8 @@ def fetch(
     try:
         with stream, os.fdopen(fd, "wb") as out:
             _copy(stream, out, f"the transfer of {relpath} from {origin}")
+            out.flush()
+            os.fsync(out.fileno())  # on disk before the rename: a crash leaves no short file
         ok, digest = verified(Path(tmp), digests)
         if not ok:
             size = Path(tmp).stat().st_size
@@ -134,6 +140,9 @@ def fetch(
                 f"copy gives this: re-run `dvc repro download`; if it persists, {persists}"
             )
         os.replace(tmp, dest)
+    except OSError as e:  # writing it (a read that fails is a DownloadError)
+        Path(tmp).unlink(missing_ok=True)
+        raise write_error(dest, e) from e
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise

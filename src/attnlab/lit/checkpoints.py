@@ -5,21 +5,54 @@
 the final weights) and, while training, ``last.ckpt`` (every epoch and every
 ``checkpoint.every_n_train_steps`` steps) that a killed run resumes from
 (:mod:`attnlab.lit.resume`). The settings are ``conf/config.yaml``'s ``checkpoint`` block.
+Every checkpoint is written whole or not at all (:class:`AtomicCheckpointIO`).
 """
 
 from __future__ import annotations
 
+import io
 import logging
 from pathlib import Path
 
+import fsspec
 import pytorch_lightning as pl
+import torch
+from fsspec.implementations.local import LocalFileSystem
+from pytorch_lightning.plugins.io import TorchCheckpointIO
 from pytorch_lightning.utilities.exceptions import SIGTERMException
 
+from attnlab.files import FileWriteError, write_bytes_atomic
 from attnlab.lit.averaging import WeightAveraging
 from attnlab.lit.resume import LAST, ResumableCheckpoint, ResumePoint
 from attnlab.loss import NonFiniteLossError
 
 log = logging.getLogger(__name__)
+
+
+class AtomicCheckpointIO(TorchCheckpointIO):
+    """Lightning's ``TorchCheckpointIO`` that writes a local checkpoint beside its destination,
+    flushes it to disk and renames it into place (:func:`attnlab.files.write_bytes_atomic`).
+
+    Lightning's own writes the checkpoint through an fsspec transaction, which for a local
+    path stages it in the system's temporary folder and *copies* it over the destination
+    when that is another filesystem: a disk that fills during the copy leaves a truncated
+    ``best.ckpt`` in place of the good one. Here a failed write leaves the previous file as
+    it was. Remote paths (``s3://`` …) keep Lightning's way. Memory: the serialized
+    checkpoint once, as Lightning's.
+
+    Raises:
+        attnlab.files.FileWriteError: from :meth:`save_checkpoint`, when the file cannot be
+            written (a full disk: names the file, the cause and the fix).
+    """
+
+    def save_checkpoint(self, checkpoint: dict, path, storage_options=None) -> None:
+        fs, local = fsspec.core.url_to_fs(str(path))
+        if storage_options is not None or not isinstance(fs, LocalFileSystem):
+            super().save_checkpoint(checkpoint, path, storage_options)  # refuses storage_options
+            return
+        buffer = io.BytesIO()
+        torch.save(checkpoint, buffer)
+        write_bytes_atomic(Path(local), buffer.getbuffer())
 
 
 class TrainingCheckpoints:
@@ -77,6 +110,10 @@ class TrainingCheckpoints:
         """``last.ckpt``, the checkpoint a killed run resumes from."""
         return self.folder / f"{LAST}.ckpt"
 
+    def plugins(self) -> list:
+        """The checkpoint writer, for ``pl.Trainer(plugins=...)``: :class:`AtomicCheckpointIO`."""
+        return [AtomicCheckpointIO()]
+
     def callbacks(self) -> list[pl.Callback]:
         """All :class:`ResumableCheckpoint` (a moved or cloned project keeps its best score and
         path) and the weight averaging, for ``pl.Trainer(callbacks=...)``."""
@@ -91,6 +128,9 @@ class TrainingCheckpoints:
             SystemExit: stopped by SIGTERM (Lightning stops at the next batch and would exit 0):
                 names the command that resumes.
             NonFiniteLossError: the loss became NaN or ±inf; says which checkpoint is the last good one.
+            SystemExit: a checkpoint could not be written (a full disk): the
+                :class:`attnlab.files.FileWriteError` (the file, kept as it was, and the fix),
+                and the checkpoint the next run resumes from.
         """
         try:
             trainer.fit(module, *loaders, ckpt_path=resume.path if resume else None)
@@ -109,12 +149,23 @@ class TrainingCheckpoints:
                 else "no checkpoint was written yet"
             )
             raise NonFiniteLossError(f"{e}; training stopped, {kept}") from None
+        except FileWriteError as e:
+            then = (
+                f"then run the same command (or `dvc repro`) to resume from {self.last}"
+                if self.last.exists()
+                else "then run the same command (or `dvc repro`) again"
+            )
+            raise SystemExit(f"{name}: training stopped at step {trainer.global_step}: {e}; {then}") from None
 
     def finish(self, trainer: pl.Trainer, module: pl.LightningModule) -> tuple[str, list[int]]:
         """(the kept checkpoint's path, the epochs averaged into it (``[]`` if none)).
 
         With averaging, ``module`` gets the mean of the last epochs' weights (Vaswani et al. 6.1);
         with no monitor, averaging, or a stop before any validation, the final weights are saved.
+
+        Raises:
+            SystemExit: that checkpoint could not be written (the
+                :class:`attnlab.files.FileWriteError`, and how to write it after freeing space).
         """
         best_path, averaged = (self.kept.best_model_path if self.kept else ""), []
         if self.averaging and not self.averaging.snapshots:
@@ -133,7 +184,15 @@ class TrainingCheckpoints:
                 )
         if not best_path:
             best_path = str(self.folder / f"{self.filename}.ckpt")
-            trainer.save_checkpoint(best_path)
+            try:
+                trainer.save_checkpoint(best_path)
+            except FileWriteError as e:
+                raise SystemExit(
+                    f"training ended, but {e}; then run the same command (or `dvc repro`) again "
+                    f"to write it from {self.last}"
+                    if self.last.exists()
+                    else f"training ended, but {e}"
+                ) from None
         log.info(
             "rank %d: checkpoint %s (exists: %s)", trainer.global_rank, best_path, Path(best_path).exists()
         )

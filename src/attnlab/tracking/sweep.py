@@ -38,6 +38,7 @@ from hydra.experimental.callback import Callback
 from hydra.types import RunMode
 from omegaconf import DictConfig, OmegaConf
 
+from attnlab.files import write_text_atomic
 from attnlab.tracking.store import check_tracking_server
 
 log = logging.getLogger(__name__)
@@ -204,7 +205,7 @@ def _sweep_id(sweep_dir: Path) -> str:
     first caller; call it under :func:`_locked` (or use :func:`_locked_sweep_id`)."""
     path = sweep_dir / ".mlflow-sweep-id"
     if not path.exists():
-        path.write_text(uuid.uuid4().hex)
+        write_text_atomic(path, uuid.uuid4().hex)  # never read back half-written
     return path.read_text().strip()
 
 
