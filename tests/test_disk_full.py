@@ -11,11 +11,32 @@ folder and copied it over ``best.ckpt``: a disk that filled during the copy left
 
 from __future__ import annotations
 
+import re
+
 import pytest
 import torch
 
-from helpers.small_disk import FILLER, tmpfs, train_filling
+from attnlab.files import FileWriteError
+from attnlab.lit.checkpoints import AtomicCheckpointIO
+from helpers.small_disk import FILLER, fill, tmpfs, train_filling
 from helpers.tiny_train import STEPS_PER_EPOCH, make_project, mlflow_client, runs, train
+
+
+def test_the_checkpoint_writer_keeps_the_old_file_when_the_new_one_does_not_fit(tmp_path):
+    io = AtomicCheckpointIO()
+    with tmpfs(tmp_path / "disk", "1m") as disk:
+        path = disk / "best.ckpt"
+        io.save_checkpoint({"epoch": 0, "w": torch.zeros(50_000)}, path)  # 200 kB
+        io.save_checkpoint({"epoch": 1, "w": torch.ones(50_000)}, f"file://{path}")  # whole, replaced
+        old = path.read_bytes()
+        assert torch.load(path, weights_only=True)["epoch"] == 1
+        fill(disk, 100_000)  # room for half a checkpoint beside the old one
+        with pytest.raises(
+            FileWriteError, match=re.escape(f"could not write {path} (No space left on device")
+        ):
+            io.save_checkpoint({"epoch": 2, "w": torch.ones(50_000)}, path)
+        assert path.read_bytes() == old
+        assert sorted(p.name for p in disk.iterdir()) == ["best.ckpt", FILLER]
 
 
 @pytest.fixture(scope="module")

@@ -14,10 +14,8 @@ import io
 import logging
 from pathlib import Path
 
-import fsspec
 import pytorch_lightning as pl
 import torch
-from fsspec.implementations.local import LocalFileSystem
 from pytorch_lightning.plugins.io import TorchCheckpointIO
 from pytorch_lightning.utilities.exceptions import SIGTERMException
 
@@ -46,8 +44,8 @@ class AtomicCheckpointIO(TorchCheckpointIO):
     """
 
     def save_checkpoint(self, checkpoint: dict, path, storage_options=None) -> None:
-        fs, local = fsspec.core.url_to_fs(str(path))
-        if storage_options is not None or not isinstance(fs, LocalFileSystem):
+        local = str(path).removeprefix("file://")
+        if storage_options is not None or "://" in local:
             super().save_checkpoint(checkpoint, path, storage_options)  # refuses storage_options
             return
         buffer = io.BytesIO()
