@@ -66,6 +66,7 @@ def main(cfg: DictConfig) -> None:
     checkpoints = TrainingCheckpoints(cfg.checkpoint, cfg.paths.checkpoints)
     pl.seed_everything(cfg.seed, workers=True)
     # The model's task (conf/model/<model>.yaml: task.module) builds its module and data.
+    # every split fits the model before anything trains (attnlab.inference.lengths)
     module, loaders = get_class(cfg.model.task.module).from_config(cfg)
     fingerprint = config_fingerprint(cfg)
     # a checkpoint of this config on a corpus tokenized anew since (same folder) is not resumed
@@ -106,7 +107,13 @@ def main(cfg: DictConfig) -> None:
         *module.epoch_callbacks(cfg, plots, logger),
     ]
     history = EpochHistoryLogger(plots / "history.csv", resume=resume is not None)
-    trainer = pl.Trainer(**cfg.trainer, **cfg.device, logger=[logger, history], callbacks=callbacks)
+    trainer = pl.Trainer(
+        **cfg.trainer,
+        **cfg.device,
+        logger=[logger, history],
+        callbacks=callbacks,
+        plugins=checkpoints.plugins(),
+    )
     if trainer.is_global_zero and resume is None:
         logger.log_hyperparams(OmegaConf.to_container(cfg, resolve=True))
         logger.log_text(OmegaConf.to_yaml(cfg, resolve=True), "config.yaml")

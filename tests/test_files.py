@@ -167,3 +167,95 @@ def test_a_previous_output_moved_aside_by_a_killed_run_is_put_back(old_out):
     # with the output in place, a leftover ….tmp.old is only removed
     aside.mkdir()
     assert files.remove_stale_staging(old_out) == [aside] and _tree(old_out) == before
+
+
+# --- a full disk: every writer leaves the old file whole and names the new one --------------
+
+NO_SPACE = "No space left on device: the disk is full"
+
+
+def _no_room(path: Path, before: str) -> str:
+    """The exact FileWriteError text for ``path`` on a full disk."""
+    return (
+        f"could not write {path} ({NO_SPACE}); {before}. To go on, free space on the disk that holds "
+        f"{path.parent} (`df -h {path.parent}`)"
+    )
+
+
+@pytest.fixture
+def full_disk(tmp_path):
+    """A 1 MiB tmpfs (skipped where mounting is not permitted) holding ``old.bin`` (200 kB),
+    filled to leave 100 kB free."""
+    from helpers.small_disk import fill, tmpfs
+
+    with tmpfs(tmp_path / "disk", "1m") as disk:
+        (disk / "old.bin").write_bytes(b"o" * 200_000)
+        fill(disk, 100_000)
+        yield disk
+
+
+def test_a_full_disk_leaves_the_old_file_and_names_the_new_one(full_disk):
+    path = full_disk / "old.bin"
+    with pytest.raises(files.FileWriteError) as e:
+        files.write_bytes_atomic(path, b"n" * 200_000)  # fits only where the old one is
+    assert str(e.value) == _no_room(path, "it is as it was")
+    assert (e.value.errno, e.value.filename) == (errno.ENOSPC, str(path))
+    assert path.read_bytes() == b"o" * 200_000
+    assert sorted(p.name for p in full_disk.iterdir()) == ["filler", "old.bin"]  # no temp file
+    # a file that did not exist is not created half
+    with pytest.raises(files.FileWriteError, match="no file was left there"):
+        write_json_atomic(full_disk / "new.json", {"x": "y" * 200_000})
+    assert not (full_disk / "new.json").exists()
+    files.write_bytes_atomic(full_disk / "small.bin", b"fits")  # room for what fits
+    assert (full_disk / "small.bin").read_bytes() == b"fits"
+
+
+def test_a_full_disk_in_a_staged_folder_names_the_output_and_keeps_the_old_one(full_disk):
+    out = full_disk / "tokenized"
+    out.mkdir()
+    (out / "spm.model").write_bytes(b"old model")
+    with pytest.raises(files.FileWriteError) as e, staged_dir(out) as tmp:
+        (tmp / "train.src.ids.npy").write_bytes(b"\0" * 300_000)  # an array of the tokenize stage
+    assert str(e.value) == _no_room(out, "it is as it was")
+    assert _tree(out) == {"spm.model": b"old model"}
+    assert sorted(p.name for p in full_disk.iterdir()) == ["filler", "old.bin", "tokenized"]
+
+
+_FILE_SIZE_LIMIT = """
+import resource, signal, sys
+from pathlib import Path
+from attnlab.files import FileWriteError, write_bytes_atomic
+signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # a write past the limit fails with EFBIG
+resource.setrlimit(resource.RLIMIT_FSIZE, (50_000, 50_000))
+try:
+    write_bytes_atomic(Path(sys.argv[1]), b"n" * 100_000)
+except FileWriteError as e:
+    print(e)
+"""
+
+
+def test_a_file_size_limit_is_a_write_error_too(tmp_path):
+    """RLIMIT_FSIZE (no root needed): the write fails with EFBIG past 50 kB."""
+    path = tmp_path / "best.ckpt"
+    path.write_bytes(b"o" * 1000)
+    out = subprocess.run([sys.executable, "-c", _FILE_SIZE_LIMIT, str(path)], capture_output=True, text=True)
+    assert out.stdout == (
+        f"could not write {path} (File too large: the file would be larger than the system allows "
+        f"this process); it is as it was. To go on, free space on the disk that holds {tmp_path} "
+        f"(`df -h {tmp_path}`)\n"
+    ), out.stderr
+    assert path.read_bytes() == b"o" * 1000 and [p.name for p in tmp_path.iterdir()] == ["best.ckpt"]
+
+
+def test_appended_rows_keep_the_header_and_a_full_disk_keeps_the_file(full_disk):
+    from attnlab.analysis.provenance import append_rows
+
+    path = full_disk / "results.csv"
+    append_rows(path, ["a", "b"], [{"a": 1, "b": "x"}])
+    append_rows(path, ["a", "b"], [{"a": 2, "b": "y,z"}])
+    assert path.read_text() == 'a,b\n1,x\n2,"y,z"\n'
+    with pytest.raises(ValueError, match=r"columns \['a', 'b'\], expected \['a', 'c'\]"):
+        append_rows(path, ["a", "c"], [])
+    with pytest.raises(files.FileWriteError, match="could not write .*results.csv"):
+        append_rows(path, ["a", "b"], [{"a": 3, "b": "w" * 200_000}])
+    assert path.read_text() == 'a,b\n1,x\n2,"y,z"\n'

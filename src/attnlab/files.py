@@ -1,12 +1,16 @@
 """Atomic file writes: a temporary file beside the target, flushed to disk, then a rename.
 
-A killed process leaves either the old file or the new one, never half of one.
-:func:`staged_dir` does for a whole folder what the writers do for a file, and removes the
-staging folders of its own killed runs when it starts.
+A killed process, a full disk or any other failed write leaves either the old file or the
+new one, never half of one; a failed write is a :class:`FileWriteError` naming the file and
+the cause. :func:`staged_dir` does for a whole folder what the writers do for a file, and
+removes the staging folders of its own killed runs when it starts. Every file the project
+writes for later goes through these (Lightning's checkpoints too:
+:class:`attnlab.lit.checkpoints.AtomicCheckpointIO`).
 """
 
 from __future__ import annotations
 
+import errno
 import json
 import logging
 import os
@@ -22,12 +26,67 @@ from attnlab.errors import UserError
 log = logging.getLogger(__name__)
 
 
+class FileWriteError(UserError, OSError):
+    """A file could not be written (a full disk, a quota, permissions): names the file, the
+    cause and the fix; the file at that path is as it was. ``errno``, ``strerror`` and
+    ``filename`` are the failed write's; ``str()`` is the message alone."""
+
+    def __str__(self) -> str:
+        return str(self.args[0])
+
+
+# What a failed write's errno means for the user, when it is about room on the disk.
+_NO_ROOM = {
+    errno.ENOSPC: "the disk is full",
+    errno.EDQUOT: "the disk quota is used up",
+    errno.EFBIG: "the file would be larger than the system allows this process",
+}
+
+
+def write_error(path: Path, e: OSError) -> FileWriteError:
+    """The :class:`FileWriteError` for ``e``, raised while ``path`` was written atomically."""
+    path = Path(path)
+    before = "it is as it was" if path.exists() else "no file was left there"
+    cause = f"{e.strerror or e}" + (f": {_NO_ROOM[e.errno]}" if e.errno in _NO_ROOM else "")
+    fix = (
+        f"free space on the disk that holds {path.parent} (`df -h {path.parent}`)"
+        if e.errno in _NO_ROOM
+        else f"check that {path.parent} is writable"
+    )
+    err = FileWriteError(f"could not write {path} ({cause}); {before}. To go on, {fix}")
+    err.errno, err.strerror, err.filename = e.errno, e.strerror, str(path)
+    return err
+
+
+def _fsync_dir(folder: Path) -> None:
+    """Flush ``folder``'s entries (a rename in it) to disk; a filesystem that cannot is skipped."""
+    try:
+        fd = os.open(folder, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0))
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:  # EINVAL: this filesystem does not sync folders
+        pass
+    finally:
+        os.close(fd)
+
+
 @contextmanager
 def _atomic_file(path: Path, binary: bool):
-    """Open a temp file beside ``path``; on success chmod 644 and ``os.replace`` it onto ``path``.
-    The temp file is gone afterwards in every case."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    """Open a temp file beside ``path``; on success flush it to disk, chmod 644 and
+    ``os.replace`` it onto ``path`` (and flush the folder). The temp file is gone afterwards
+    in every case.
+
+    Raises:
+        FileWriteError: the temp file could not be created, written or renamed, an
+            ``OSError`` of the block's writes included (``path`` unchanged).
+    """
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    except OSError as e:
+        raise write_error(path, e) from e
     try:
         with os.fdopen(fd, "wb") if binary else os.fdopen(fd, "w", encoding="utf-8") as f:
             yield f
@@ -35,19 +94,27 @@ def _atomic_file(path: Path, binary: bool):
             os.fsync(f.fileno())  # on disk before the rename: a crash leaves the old file or this one
         os.chmod(tmp, 0o644)  # mkstemp makes 0600
         os.replace(tmp, path)
+    except OSError as e:
+        Path(tmp).unlink(missing_ok=True)  # first: what it took of a full disk is free again
+        raise write_error(path, e) from e
     finally:
         Path(tmp).unlink(missing_ok=True)  # still there on error
+    _fsync_dir(path.parent)
 
 
 def write_text_atomic(path: Path, text: str) -> Path:
-    """Write UTF-8 ``text`` to ``path`` (parents created) via temp file + ``os.replace``."""
+    """Write UTF-8 ``text`` to ``path`` (parents created) via temp file + ``os.replace``.
+
+    Raises:
+        FileWriteError: as every writer here: the disk is full, … (``path`` unchanged).
+    """
     path = Path(path)
     with _atomic_file(path, binary=False) as f:
         f.write(text)
     return path
 
 
-def write_bytes_atomic(path: Path, data: bytes) -> Path:
+def write_bytes_atomic(path: Path, data: bytes | memoryview) -> Path:
     """Write ``data`` to ``path`` (parents created) via temp file + ``os.replace``."""
     path = Path(path)
     with _atomic_file(path, binary=True) as f:
@@ -117,6 +184,21 @@ def remove_stale_staging(out: Path) -> list[Path]:
     return done
 
 
+def _fsync_tree(root: Path) -> None:
+    """Flush every file under ``root`` and every folder's entries to disk (links not followed)."""
+    for folder, _, names in os.walk(root):
+        for name in names:
+            path = os.path.join(folder, name)
+            if os.path.islink(path) or not os.path.isfile(path):
+                continue
+            fd = os.open(path, os.O_RDONLY)
+            try:
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+        _fsync_dir(Path(folder))
+
+
 @contextmanager
 def staged_dir(out: Path):
     """Build a folder beside ``out`` and put it in the place of ``out`` when done.
@@ -132,9 +214,13 @@ def staged_dir(out: Path):
     two renames leaves no ``out`` and the old folder as ``….tmp.old``. The next
     ``staged_dir`` of ``out`` removes the first and puts the second back.
 
+    Every file and folder of the new folder is flushed to disk before the renames, so a
+    crash after them cannot leave empty or short files in ``out``.
+
     Raises:
-        Whatever the block raises; ``OSError`` if ``out`` cannot be replaced (``out`` is
-        then as it was).
+        Whatever the block raises, except that running out of room (a full disk or quota:
+        ``ENOSPC``, ``EDQUOT``, ``EFBIG``) is a :class:`FileWriteError` naming ``out``;
+        ``OSError`` if ``out`` cannot be replaced (``out`` is then as it was).
     """
     out = Path(out)
     out.parent.mkdir(parents=True, exist_ok=True)
@@ -142,7 +228,14 @@ def staged_dir(out: Path):
     tmp = Path(tempfile.mkdtemp(prefix=_staging_prefix(out), suffix=".tmp", dir=out.parent))
     try:
         os.chmod(tmp, 0o755)  # mkdtemp makes 0700
-        yield tmp
+        try:
+            yield tmp
+            _fsync_tree(tmp)
+        except OSError as e:
+            if e.errno not in _NO_ROOM:
+                raise  # (an inner writer's FileWriteError named a file of the staging folder)
+            shutil.rmtree(tmp, ignore_errors=True)  # first: what it took of a full disk is free again
+            raise write_error(out, e) from e
         old = tmp.with_name(f"{tmp.name}.old") if out.exists() or out.is_symlink() else None
         if old:
             os.rename(out, old)
@@ -152,6 +245,7 @@ def staged_dir(out: Path):
             if old:
                 os.rename(old, out)
             raise
+        _fsync_dir(out.parent)
         if old and (old.is_symlink() or not old.is_dir()):
             old.unlink(missing_ok=True)
         elif old:  # ``out`` is replaced by now: a leftover old folder is no reason to fail

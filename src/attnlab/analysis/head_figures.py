@@ -10,6 +10,8 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt
 
+from attnlab.analysis.viz import save_figure
+
 
 def importance_map(grid: dict[str, list[list[float]]], path: Path, score_name: str = "BLEU") -> Path:
     """One panel per kind: the importance (``score_name`` lost when the head alone is masked) of
@@ -36,10 +38,7 @@ def importance_map(grid: dict[str, list[list[float]]], path: Path, score_name: s
                 ax.text(j, i, f"{v:.1f}", ha="center", va="center", fontsize=9)
     fig.colorbar(image, ax=axes[0].tolist(), label=f"{score_name} lost when masked alone")
     fig.suptitle(f"Head importance: {score_name} lost when one head is masked")
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=110, bbox_inches="tight")
-    plt.close(fig)
-    return path
+    return save_figure(fig, path, dpi=110)
 
 
 def pruning_curve(pruning: list[dict], path: Path, score_name: str = "BLEU") -> Path:
@@ -50,7 +49,4 @@ def pruning_curve(pruning: list[dict], path: Path, score_name: str = "BLEU") -> 
     ax.set_ylabel(score_name)
     ax.set_title(f"{score_name} as heads are pruned")
     ax.grid(alpha=0.3)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=110, bbox_inches="tight")
-    plt.close(fig)
-    return path
+    return save_figure(fig, path, dpi=110)

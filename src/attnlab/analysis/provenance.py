@@ -7,9 +7,12 @@ its figures and numbers come from.
 from __future__ import annotations
 
 import csv
+import io
 import subprocess
 from collections.abc import Iterable
 from pathlib import Path
+
+from attnlab.files import write_text_atomic
 
 PROJECT = Path(__file__).resolve().parents[3]  # src/attnlab/analysis/ → the project root (editable install)
 
@@ -39,20 +42,24 @@ def append_rows(path: Path | str, columns: list[str], rows: Iterable[dict]) -> N
     before ``rows`` is read (a generator's errors come after it), and every row is built before
     any is written.
 
+    The file is rewritten whole (its rows, then the new ones) and renamed into place
+    (:func:`attnlab.files.write_text_atomic`): a full disk leaves it as it was, never a
+    half-written row.
+
     Raises:
         ValueError: the file's header is not ``columns`` (names both).
+        attnlab.files.FileWriteError: the file cannot be written (it is as it was).
     """
     path = Path(path)
-    new = not path.exists() or path.stat().st_size == 0
-    if not new:
-        with path.open(newline="", encoding="utf-8") as f:
-            header = next(csv.reader(f))
+    old = path.read_bytes().decode("utf-8") if path.exists() else ""
+    if old:
+        header = next(csv.reader(io.StringIO(old)))
         if header != columns:
             raise ValueError(f"{path}: columns {header}, expected {columns}")
     rows = list(rows)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with path.open("a", newline="", encoding="utf-8") as f:
-        writer = csv.DictWriter(f, columns, lineterminator="\n")
-        if new:
-            writer.writeheader()
-        writer.writerows(rows)
+    out = io.StringIO()
+    writer = csv.DictWriter(out, columns, lineterminator="\n")
+    if not old:
+        writer.writeheader()
+    writer.writerows(rows)
+    write_text_atomic(path, old + ("" if not old or old.endswith("\n") else "\n") + out.getvalue())

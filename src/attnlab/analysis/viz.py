@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import io
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -13,13 +14,27 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt
 import torch
 
+from attnlab.files import write_bytes_atomic
+
+
+def save_figure(fig, path: Path, dpi: int = 100) -> Path:
+    """Write ``fig`` to ``path`` (parents created; the format from its suffix, e.g. ``.png``)
+    whole or not at all (:func:`attnlab.files.write_bytes_atomic`), and close it.
+
+    Raises:
+        attnlab.files.FileWriteError: the file cannot be written (``path`` unchanged).
+    """
+    path = Path(path)
+    buffer = io.BytesIO()
+    try:
+        fig.savefig(buffer, format=path.suffix.lstrip(".") or "png", dpi=dpi, bbox_inches="tight")
+    finally:
+        plt.close(fig)
+    return write_bytes_atomic(path, buffer.getbuffer())
+
 
 def _save(fig, path: Path) -> Path:
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=100, bbox_inches="tight")
-    plt.close(fig)
-    return path
+    return save_figure(fig, path, dpi=100)
 
 
 def heatmap_grid(

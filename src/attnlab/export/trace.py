@@ -39,6 +39,7 @@ from attnlab.export.program import (
     export_program,
 )
 from attnlab.files import staged_dir
+from attnlab.models import max_positions
 from attnlab.serving.translator import (
     CTRANSLATE2_ENGINES,
     DEFAULT_MAX_INPUT_CHARS,
@@ -194,8 +195,8 @@ def _save_programs(
 
 def _max_source_tokens(net: nn.Module) -> int | None:
     """Most source tokens (without <eos>) the net can encode: its positional table − 1, or None."""
-    table = getattr(getattr(net, "pos_encoding", None), "P", None)
-    return None if table is None else int(table.shape[1]) - 1
+    positions = max_positions(net)
+    return None if positions is None else positions - 1
 
 
 def export_translation(

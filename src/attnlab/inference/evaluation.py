@@ -19,8 +19,9 @@ from attnlab.data.tokenizer import load_sentencepiece
 from attnlab.device import single_device
 from attnlab.errors import UserError
 from attnlab.inference.decoding import LENGTH_PENALTY, MAX_OUTPUT_LEN, require_bf16_units, translate_text
+from attnlab.inference.lengths import TEST_SIDES, check_splits_fit
 from attnlab.metrics import bleu_tokenizer, corpus_scores, sacrebleu_signatures
-from attnlab.models import Bahdanau, NadarayaWatson, Transformer
+from attnlab.models import Bahdanau, NadarayaWatson, Transformer, max_positions
 from attnlab.models.nadaraya_watson import nw_evaluation
 
 BATCH_SIZE = 128  # test sentences decoded together (sorted by length)
@@ -72,6 +73,8 @@ def evaluate_translation(cfg: DictConfig, net: Transformer | Bahdanau) -> Evalua
             anything is decoded.
         ValueError: ``data.bleu_tokenize`` is not a sacreBLEU tokenizer (checked before the
             tokenized folder).
+        PairTooLongError: a test source needs more positions than ``net`` has
+            (:func:`attnlab.inference.lengths.check_splits_fit`: names the split, line and fix).
         DeviceUnavailableError: the device is not available here.
         Bf16UnitsError: ``model.decoding.bf16`` on a device without bf16 units
             (:func:`attnlab.inference.decoding.require_bf16_units`). Both checked before anything is decoded.
@@ -95,6 +98,9 @@ def evaluate_translation(cfg: DictConfig, net: Transformer | Bahdanau) -> Evalua
                 f"had `{split}`; re-run the tokenize stage (`dvc repro tokenize`, or "
                 f"`python src/tokenize_data.py data={cfg.data.name}`)"
             )
+    # a source the net cannot take would stop decoding halfway: refused before any is decoded
+    sides = {split: TEST_SIDES for split in ("test", *more.values())}
+    check_splits_fit(tok_dir, sides, max_positions(net), cfg.model.name, "evaluate")
     device = single_device(cfg.device)
     settings = OmegaConf.to_container(cfg.model.decoding, resolve=True)
     assert isinstance(settings, dict)  # model.decoding is a mapping in every conf/model/*.yaml

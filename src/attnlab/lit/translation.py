@@ -7,6 +7,7 @@ callbacks and its final figures, never which task it holds.
 
 from __future__ import annotations
 
+import logging
 import math
 import time
 from pathlib import Path
@@ -25,10 +26,13 @@ from attnlab.data.datamodule import TranslationDataModule
 from attnlab.data.tokenizer import PAD_ID
 from attnlab.errors import ConfigError
 from attnlab.inference.decoding import translate_text
+from attnlab.inference.lengths import check_fixed_steps, check_splits_fit, scored_splits, training_bound
 from attnlab.lit.heatmaps import EpochHeatmaps
 from attnlab.loss import NonFiniteLossError, sequence_loss
 from attnlab.metrics import CorpusScores, bleu_tokenizer
-from attnlab.models import build_net
+from attnlab.models import build_net, max_positions
+
+log = logging.getLogger(__name__)
 
 
 def inverse_sqrt_warmup(warmup_steps: int):
@@ -69,6 +73,39 @@ def linear_warmup_decay(warmup_steps: int, total_steps: int):
 
 
 LR_DECAYS = ("inverse_sqrt", "linear")
+
+
+def fit_splits(cfg: DictConfig, dm: TranslationDataModule, positions: int | None) -> None:
+    """Make every split fit a net of ``positions`` positions (:func:`attnlab.models.max_positions`;
+    ``None``: any length) before training starts (:mod:`attnlab.inference.lengths`): training
+    pairs it cannot take are left out (``dm.max_len`` lowered to the bound, the count logged
+    as a warning, as is any pair ``data.max_len`` leaves out here); a val or test pair it
+    cannot take stops the run.
+
+    Raises:
+        PairTooLongError: a val or test pair (:func:`attnlab.inference.lengths.check_splits_fit`),
+            or D2L's ``data.num_steps``, needs more positions than the net has.
+    """
+    if dm.fixed_length:
+        check_fixed_steps(dm.tokenizer.num_steps, positions, cfg.model.name)
+        return
+    check_splits_fit(cfg.paths.tokenized, scored_splits(cfg.data), positions, cfg.model.name, "train")
+    dm.max_len = training_bound(cfg.data.max_len, positions)
+    train = dm.dataset("train")
+    if train.num_dropped:
+        why = f"data.max_len={cfg.data.max_len}"
+        if dm.max_len < cfg.data.max_len:
+            why = (
+                f"the {cfg.model.name} model has {positions} positions (model.net.max_len), fewer than "
+                f"{why}; set data.max_len={positions} to drop them at tokenize, counted in stats.json"
+            )
+        log.warning(
+            "train: %d of %d tokenized pairs left out of training, with %d or more tokens on a side (%s)",
+            train.num_dropped,
+            train.num_dropped + len(train),
+            dm.max_len,
+            why,
+        )
 
 
 class TranslationModule(pl.LightningModule):
@@ -305,6 +342,8 @@ class TranslationModule(pl.LightningModule):
             ValueError: ``data=synthetic`` (a translation model needs a corpus); an unknown
                 ``data.bleu_tokenize``.
             FileNotFoundError: the corpus is not tokenized yet (names the stage to run).
+            PairTooLongError: a val or test pair needs more positions than the net has
+                (:func:`fit_splits`).
         """
         if cfg.data.name == "synthetic":
             raise ConfigError(
@@ -336,6 +375,7 @@ class TranslationModule(pl.LightningModule):
         module.heatmap_sources = [sources[i] for i in cfg.heatmaps.sentences if i < len(sources)]
         if cfg.heatmaps.head_stats_sentences:
             module.stats_batch = dm.fixed_batch("val", cfg.heatmaps.head_stats_sentences)
+        fit_splits(cfg, dm, max_positions(module.net))
         return module, (dm,)
 
     @staticmethod

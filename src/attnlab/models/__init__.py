@@ -53,7 +53,7 @@ from attnlab.models.attention import (
 )
 from attnlab.models.bahdanau import Bahdanau, Seq2SeqEncoder
 from attnlab.models.nadaraya_watson import NadarayaWatson
-from attnlab.models.positional_encoding import PositionalEncoding
+from attnlab.models.positional_encoding import PositionalEncoding, max_positions
 from attnlab.models.seq2seq import Seq2Seq
 from attnlab.models.transformer import (
     AddNorm,
@@ -82,6 +82,7 @@ __all__ = [
     "build_net",
     "masked_hardmax",
     "masked_softmax",
+    "max_positions",
     "transpose_output",
     "transpose_qkv",
 ]

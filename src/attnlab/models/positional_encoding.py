@@ -90,6 +90,18 @@ class NoPositionalEncoding(_TableEncoding):
         self.register_buffer("P", torch.zeros(1, max_len, d_model), persistent=False)
 
 
+def max_positions(net: nn.Module) -> int | None:
+    """How many positions ``net`` has for one sequence: the length of its positional table
+    ``net.pos_encoding.P`` (the Transformer's ``max_len``), or ``None`` for a net without one
+    (the GRU models, which read any length).
+
+    A source of n tokens takes n + 1 positions (its <eos>), a teacher-forced target n + 1
+    (its <bos>), and decoding one position per token fed back.
+    """
+    table = getattr(getattr(net, "pos_encoding", None), "P", None)
+    return None if table is None else int(table.shape[1])
+
+
 def build_positional_encoding(
     kind: str, d_model: int, dropout: float = 0.0, max_len: int = 1000
 ) -> _TableEncoding:
