@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from attnlab.data.batching import BucketBatchSampler, PairDataset, TokenBudgetBatchSampler, collate
-from attnlab.data.datamodule import ResumableDataLoader
+from attnlab.data.datamodule import CountOnceLoader, ResumableDataLoader
 
 LENGTHS = [3, 9, 4, 7, 7, 2, 12, 5, 6, 8, 3, 10, 4]
 
@@ -33,6 +33,34 @@ def test_ranks_split_one_epoch_between_them(index, world):
     assert [b for i in range(len(shards[0])) for b in (sh[i] for sh in shards)] == padded
     covered = sorted(i for sh in shards for b in sh for i in b)
     assert set(covered) == set(range(len(LENGTHS)))
+
+
+@pytest.mark.parametrize("index", [0, 1], ids=["token_budget", "bucket"])
+@pytest.mark.parametrize("world", [1, 2, 3, 4, 8])
+def test_the_counted_pairs_of_all_ranks_are_the_epoch_each_once(index, world):
+    """Every rank yields the same number of batches (validation and test order: unshuffled);
+    the repeats that pad a short rank come last and are marked not counted, so the counted
+    pairs of all ranks hold each pair exactly once, whatever the world size (8: more ranks
+    than batches, some ranks hold nothing but a repeat)."""
+    # pair i's source is LENGTHS[i] tokens of id 100 + i: its first token names it
+    ds = PairDataset([[100 + i] * n for i, n in enumerate(LENGTHS)], [[5] * n for n in LENGTHS])
+    num_batches = len(_samplers(shuffle=False)[index])
+    counted, steps, repeats = [], set(), 0
+    for rank in range(world):
+        sampler = _samplers(num_replicas=world, rank=rank, shuffle=False)[index]
+        batches = list(CountOnceLoader(ds, batch_sampler=sampler, collate_fn=collate))
+        steps.add(len(batches))
+        flags = []
+        for batch in batches:
+            assert batch["counted"].dtype == torch.bool and batch["counted"].shape == batch["src"].shape[:1]
+            assert batch["counted"].all() or not batch["counted"].any()  # a whole batch is a repeat
+            flags.append(bool(batch["counted"].any()))
+            counted += (batch["src"][batch["counted"], 0] - 100).tolist()
+        assert flags == sorted(flags, reverse=True) and flags.count(False) <= 1  # the last, if any
+        repeats += flags.count(False)
+    assert steps == {-(-num_batches // world)}
+    assert repeats == -(-num_batches // world) * world - num_batches
+    assert sorted(counted) == list(range(len(LENGTHS)))
 
 
 def test_rank_out_of_range_is_an_error():

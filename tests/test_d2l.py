@@ -181,6 +181,32 @@ def test_tokenizer_round_trip_and_datamodule(mt, tmp_path):
     assert sorted(map(tuple, rows.tolist())) == sorted(map(tuple, train["src"].tolist()))  # a permutation
     first = next(iter(dm.val_dataloader()))
     assert torch.equal(first["tgt_out"], val["tgt_out"][:128])  # val is not shuffled
+    assert first["counted"].all()
+
+
+def test_d2l_val_rows_are_counted_once_over_ranks(mt, tmp_path):
+    """Under DDP the fixed-length val rows are dealt out in batches like the pairs, the batch
+    that pads a short rank marked not counted: the counted rows of all ranks are the split's rows,
+    each once (a stand-in for the attached Trainer gives world size and rank)."""
+    from types import SimpleNamespace
+
+    _, val, tok, _ = mt
+    tok.save(tmp_path / d2l.VOCAB_FILE)
+    d2l.save_arrays(val, tmp_path / "val.npz")
+    dm = TranslationDataModule(tmp_path, batch_size=16, seed=0)
+    n = len(val["src"])
+    batches = -(-n // 16)
+    world = next(w for w in (3, 4, 5, 7) if batches % w)  # some rank is padded
+    read, counted = 0, []
+    for rank in range(world):
+        dm.trainer = SimpleNamespace(world_size=world, global_rank=rank)
+        loader = list(dm.val_dataloader())
+        assert len(loader) == -(-batches // world)
+        for b in loader:
+            read += len(b["src"])
+            counted += [tuple(r) for r in torch.cat([b["src"], b["tgt_out"]], 1)[b["counted"]].tolist()]
+    assert read > n
+    assert sorted(counted) == sorted(tuple(r) for r in torch.cat([val["src"], val["tgt_out"]], 1).tolist())
 
 
 def test_tied_embeddings_need_a_joint_vocabulary():

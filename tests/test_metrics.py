@@ -441,3 +441,47 @@ def test_val_loss_is_the_mean_over_all_target_tokens_of_two_batches():
     assert total / ntok != pytest.approx(sum(batch_means) / 2, rel=1e-3)  # not the plain mean
     m.val_loss.update(torch.tensor(float("nan")), weight=4)  # a diverged batch is not dropped
     assert torch.isnan(m.val_loss.compute())
+
+
+def test_val_loss_and_val_pairs_leave_out_the_pairs_a_batch_marks_not_counted():
+    """A batch's ``counted`` (CountOnceLoader: False for the repeats that pad a DDP rank) takes
+    its pairs out of val_loss and val_pairs; a batch with none counted adds nothing."""
+    import torch.nn.functional as F
+
+    from attnlab.data.tokenizer import PAD_ID
+    from attnlab.lit.translation import TranslationModule
+
+    torch.manual_seed(0)
+    net_cfg = {
+        "_target_": "attnlab.models.transformer.Transformer",
+        "d_model": 16,
+        "num_heads": 2,
+        "num_layers": 1,
+        "ffn_hidden": 32,
+        "dropout": 0.0,
+    }
+    m = TranslationModule(net_cfg, {"_target_": "torch.optim.Adam", "_partial_": True}, vocab_size=30)
+    m.eval()
+    batch = {
+        "src": torch.randint(4, 30, (4, 5)),
+        "src_valid_lens": torch.tensor([5, 3, 4, 2]),
+        "tgt_in": torch.randint(4, 30, (4, 6)),
+        "tgt_out": torch.randint(4, 30, (4, 6)),
+    }
+    batch["tgt_out"][1, 3:] = PAD_ID
+    counted = torch.tensor([False, True, False, True])
+    with torch.no_grad():
+        logits = m.net(batch["src"], batch["src_valid_lens"], batch["tgt_in"])
+        rows = F.cross_entropy(
+            logits.transpose(1, 2), batch["tgt_out"], ignore_index=PAD_ID, reduction="none"
+        ).sum(dim=1)  # summed token loss per pair
+    tokens = (batch["tgt_out"] != PAD_ID).sum(dim=1)
+    assert tokens.tolist() == [6, 3, 6, 6]
+    expected = (rows[counted].sum() / tokens[counted].sum()).item()  # pairs 1 and 3: 9 tokens
+    assert expected != pytest.approx((rows.sum() / tokens.sum()).item(), rel=1e-3)  # the test can tell
+    with torch.no_grad(), pytest.warns(UserWarning, match="trainer. reference is not registered"):
+        m.validation_step({**batch, "counted": counted}, 0)
+        m.validation_step({**batch, "counted": torch.zeros(4, dtype=torch.bool)}, 1)  # a repeat
+    assert m.val_loss.compute().item() == pytest.approx(expected, rel=1e-6)
+    assert m.val_pairs.compute().item() == 2
+    assert m.val_loss.weight.item() == 9

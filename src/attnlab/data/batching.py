@@ -157,7 +157,8 @@ class _EpochBatchSampler(Sampler[list[int]]):
     generator. Subclasses also implement :meth:`_num_epoch_batches`. With
     ``num_replicas`` > 1 the list is padded by wrapping around to a
     multiple of ``num_replicas`` (as ``DistributedSampler`` does) and rank r takes
-    batches r, r + num_replicas, …, so every rank runs the same number of steps.
+    batches r, r + num_replicas, …, so every rank runs the same number of steps; the repeated
+    batches come last, after the rank's :meth:`num_own_batches`.
     ``skip`` batches of the next epoch are left out once (set by
     :class:`attnlab.data.datamodule.ResumableDataLoader` when a run resumes mid-epoch).
 
@@ -213,6 +214,15 @@ class _EpochBatchSampler(Sampler[list[int]]):
 
     def __len__(self):
         return -(-self._num_epoch_batches() // self.num_replicas)
+
+    def num_own_batches(self) -> int:
+        """How many of this rank's batches of an epoch (the first ones it yields) are its own.
+
+        The rest (none, or the last one) pad the rank's share to :meth:`__len__`: a repeat of a
+        batch another rank also reads. Training may learn from it twice; a metric must not
+        count it (:class:`attnlab.data.datamodule.CountOnceLoader`). The own batches of all
+        ranks together are the epoch's batches, each once."""
+        return len(range(self.rank, self._num_epoch_batches(), self.num_replicas))
 
 
 class BucketBatchSampler(_EpochBatchSampler):

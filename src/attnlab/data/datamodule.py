@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import numpy as np
 import pytorch_lightning as pl
 import torch
 from torch.utils.data import DataLoader, Dataset, DistributedSampler, default_collate
@@ -70,6 +71,26 @@ class ResumableDataLoader(DataLoader):
         self.batch_sampler.skip = done
 
 
+class CountOnceLoader(DataLoader):
+    """A validation or test ``DataLoader`` over a batch sampler of :mod:`attnlab.data.batching`
+    whose batches say which of their pairs a metric counts.
+
+    Under DDP every rank must run the same number of steps, so the sampler pads a short rank's
+    share with a repeat of a batch another rank reads (``_EpochBatchSampler``). Each batch
+    dict gets ``counted``: a (B,) bool tensor, False for the pairs of such a repeat
+    (the batches after the sampler's ``num_own_batches()``), True for the others. Metrics
+    that leave out the pairs with ``counted`` False count every pair of the split once, on
+    any number of ranks (:meth:`attnlab.lit.translation.TranslationModule.validation_step`).
+    """
+
+    def __iter__(self):
+        sampler = self.batch_sampler
+        own = sampler.num_own_batches() - sampler.skip  # read before the sampler resets skip
+        for k, batch in enumerate(super().__iter__()):
+            batch["counted"] = torch.full((len(batch["src"]),), k < own)
+            yield batch
+
+
 class TranslationDataModule(pl.LightningDataModule):
     """Train/val/test loaders of the tokenized corpus.
 
@@ -88,7 +109,10 @@ class TranslationDataModule(pl.LightningDataModule):
             (:class:`attnlab.data.batching.TokenBudgetBatchSampler`); ``None`` for ``batch_size``.
     Under DDP (a Trainer with world size > 1 attached) each rank gets its shard of the
     batches; the Trainer must run with ``use_distributed_sampler=False``
-    (``conf/device/ddp.yaml``). The training loader of a sentencepiece corpus resumes
+    (``conf/device/ddp.yaml``). Every rank runs the same number of steps, so a short rank's
+    share is padded with a repeated batch; validation and test batches mark its pairs
+    ``counted`` False (:class:`CountOnceLoader`), so that metrics count each pair once (D2L's
+    fixed-length val/test rows too). The training loader of a sentencepiece corpus resumes
     mid-epoch (:class:`ResumableDataLoader`); D2L's fixed-length one restarts its epoch.
     Attributes: ``tokenizer`` (:func:`attnlab.data.tokenizer.load_tokenizer`); ``fixed_length``
     (the tokenizer's: D2L's arrays, else sentencepiece pairs); ``vocab_size`` (joint or target
@@ -153,13 +177,19 @@ class TranslationDataModule(pl.LightningDataModule):
     def _loader(self, split: str, shuffle: bool) -> DataLoader:
         ds = self.dataset(split)
         world, rank = self._replicas()
-        if self.fixed_length:
+        train = split == "train"
+        if self.fixed_length and train:
             # One replica: a permutation drawn from seed + epoch (set_epoch), not from a generator
             # that a resumed run would restart, so a resumed epoch sees the uninterrupted order.
             sampler = DistributedSampler(ds, max(world, 1), rank, shuffle=shuffle, seed=self.seed)
             return DataLoader(ds, batch_size=self.batch_size, sampler=sampler, num_workers=self.num_workers)
         shard = {"num_replicas": world, "rank": rank}
-        if split == "train" and self.max_tokens:
+        if self.fixed_length:
+            # Rows of equal length: the unshuffled bucket sampler keeps them in order, in batches
+            # of batch_size, sharded and marked as the pairs' are (CountOnceLoader).
+            lengths = np.ones(len(ds), dtype=np.uint8)
+            sampler = BucketBatchSampler(lengths, self.batch_size, shuffle=False, seed=self.seed, **shard)
+        elif train and self.max_tokens:
             sampler = TokenBudgetBatchSampler(
                 ds.lengths(), self.max_tokens, shuffle=shuffle, seed=self.seed, **shard
             )
@@ -167,13 +197,14 @@ class TranslationDataModule(pl.LightningDataModule):
             sampler = BucketBatchSampler(
                 ds.lengths(), self.batch_size, shuffle=shuffle, seed=self.seed, **shard
             )
-        loader = ResumableDataLoader if split == "train" else DataLoader
+        # Training resumes mid-epoch; validation and test mark the repeats that pad a rank.
+        loader = ResumableDataLoader if train else CountOnceLoader
         # Its own generator: a DataLoader without one draws its base seed from torch's global
         # RNG each time it is iterated, which would shift the dropout masks of a resumed run.
         return loader(
             ds,
             batch_sampler=sampler,
-            collate_fn=collate,
+            collate_fn=default_collate if self.fixed_length else collate,
             num_workers=self.num_workers,
             generator=torch.Generator().manual_seed(self.seed),
         )

@@ -16,7 +16,7 @@ import pytorch_lightning as pl
 import torch
 from hydra.utils import instantiate
 from omegaconf import DictConfig, OmegaConf
-from torchmetrics import MeanMetric
+from torchmetrics import MeanMetric, SumMetric
 
 from attnlab.analysis.heads import head_statistics
 from attnlab.analysis.viz import translation_heatmaps
@@ -136,7 +136,11 @@ class TranslationModule(pl.LightningModule):
     ``val_texts`` (sources, references) set by the caller enables ``val_bleu``/``val_chrf``;
     under DDP each rank translates its share of them, and the sacreBLEU statistics
     (:class:`~attnlab.metrics.CorpusScores`) are summed across ranks into one corpus score.
-    ``val_loss`` is likewise a token-weighted ``MeanMetric`` reduced across ranks.
+    ``val_loss`` is likewise a token-weighted ``MeanMetric`` reduced across ranks; the
+    batches that only pad a rank's share of the steps (``counted`` False:
+    :class:`~attnlab.data.datamodule.CountOnceLoader`) are left out of it, so it counts each
+    val pair once on any number of ranks, as ``val_pairs`` (a ``SumMetric``, not logged)
+    shows after each validation.
     Raises:
         ConfigError: a ``model.net`` the model classes refuse (their message), an unknown
             ``lr_decay``.
@@ -171,6 +175,7 @@ class TranslationModule(pl.LightningModule):
         # weight kept): "warn"/"ignore" would drop the batch, and "disable" replaces every
         # weight by 1 in torchmetrics ≤ 1.9 (Lightning-AI/torchmetrics#3434).
         self.val_loss = MeanMetric(nan_strategy=float("nan"))
+        self.val_pairs = SumMetric()  # the val pairs val_loss covers (not logged)
         self.val_scores = CorpusScores(bleu_tokenize)
         self.tokenizer = None
         # The tokenizer file the net trains with (attnlab.checkpoint.tokenizer_record), saved in
@@ -260,11 +265,23 @@ class TranslationModule(pl.LightningModule):
             reduce_fx="sum",
         )
 
+    def on_validation_epoch_start(self):
+        self.val_pairs.reset()
+
     def validation_step(self, batch, batch_idx):
-        loss = self._loss(batch, 0.0)  # mean over the batch's target tokens
+        # Logged at every step of every rank, a padding step too: each rank then takes part in
+        # the metric's sync at the epoch's end (a rank that never logged it would not).
+        self.log("val_loss", self.val_loss, on_epoch=True, prog_bar=True)
+        counted = batch.get("counted")  # (B,) bool; False: a pair another rank scores (padding)
+        if counted is not None and not bool(counted.all()):
+            if not bool(counted.any()):
+                return  # a repeated batch that only pads this rank's share of the steps
+            # Same batch, same arithmetic; the tokens of the uncounted pairs are not scored.
+            batch = {**batch, "tgt_out": batch["tgt_out"].masked_fill(~counted[:, None], PAD_ID)}
+        loss = self._loss(batch, 0.0)  # mean over the batch's scored target tokens
         # Weighted by the token count: the epoch value is the mean over all val tokens.
         self.val_loss.update(loss, weight=(batch["tgt_out"] != PAD_ID).sum())
-        self.log("val_loss", self.val_loss, on_epoch=True, prog_bar=True)
+        self.val_pairs.update(len(batch["tgt_out"]) if counted is None else counted.sum())
 
     def on_validation_epoch_end(self):
         if self.trainer.sanity_checking:
