@@ -23,10 +23,9 @@ from helpers.tiny_train import TINY
 from test_faults import checks
 from test_faults.runner import ROOT, Run, Zygote
 
-MODEL = "transformer"
 NET = [a for a in TINY if a.split("=")[0] in ("model", "device", "model.net.d_model", "model.net.ffn_hidden")]
 TOKENIZED = "data/tokenized/multi30k-en-fr"
-# What each stage is run with (after its script), and the state it starts from and leads to.
+# What each stage is run with (after its script); then the states each starts from and leads to.
 ARGS = {
     "download": [],
     "tokenize": ["data.vocab_size=150"],
@@ -69,7 +68,6 @@ class Pipeline:
     fill_target: str  # what test_faults.inject.fill fills: the project's tmpfs, or "rlimit"
     census: dict[str, list[str]] = field(default_factory=dict)
     stdout: dict[str, str] = field(default_factory=dict)  # each census run's
-    cpu: dict[str, float] = field(default_factory=dict)  # each census run's CPU seconds
 
     @property
     def project(self) -> Path:
@@ -100,7 +98,10 @@ class Pipeline:
         """Make :attr:`project` a copy of the snapshot ``state`` (its contents: it may be a mount point)."""
         self.project.mkdir(parents=True, exist_ok=True)
         for p in self.project.iterdir():
-            shutil.rmtree(p) if p.is_dir() and not p.is_symlink() else p.unlink()
+            if p.is_dir() and not p.is_symlink():
+                shutil.rmtree(p)
+            else:
+                p.unlink()
         shutil.copytree(self.snapshot(state), self.project, symlinks=True, dirs_exist_ok=True)
 
     def save(self, state: str) -> None:
@@ -124,7 +125,6 @@ def build(base: Path, zygote: Zygote, fill_target: str) -> Pipeline:
         left = checks.strays(pipe.project) + checks.pending_models(pipe.project)
         assert not left, f"{stage} left {left} without a fault"
         pipe.census[stage], pipe.stdout[stage] = run.record["events"], run.stdout
-        pipe.cpu[stage] = run.cpu
         if stage in ORDER:
             pipe.save(ENDS[stage])
     return pipe

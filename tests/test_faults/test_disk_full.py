@@ -23,8 +23,10 @@ KNOWN = {
     ),
     "disk-full@export": (
         "issue 37, message-only errors: ServingExportError ('logging the served model … failed: "
-        "MlflowException … database or disk is full') as a traceback; and PENDING MLflow models "
-        "after an interrupted export: the logged model stays PENDING after the next export"
+        "MlflowException: (raised as a result of Query-invoked autoflush …)') as a traceback, the "
+        "cause (ENOSPC copying the model's code into mlruns/models, then SQLite's 'database or disk "
+        "is full') only inside it; and PENDING MLflow models after an interrupted export: the "
+        "logged model stays PENDING after the next export"
     ),
     "disk-full@train:creating-the-store": (
         "issue 37, no fix assigned: the disk fills while MLflow creates mlflow.db (its alembic "
