@@ -378,11 +378,18 @@ class Translator:
         return self._align(sentences)
 
     def serve(
-        self, sentences: Sequence[str], alignments: bool = False, engine: str | None = None
+        self,
+        sentences: Sequence[str],
+        alignments: bool = False,
+        engine: str | None = None,
+        beam_size: int | None = None,
     ) -> list[str] | list[dict]:
         """One request of the served model: :meth:`check_request`, then translate like
         :meth:`__call__`, or with ``alignments`` like :meth:`align` (each sentence's
-        :meth:`Alignment.as_json`), with ``engine`` (default: this translator's).
+        :meth:`Alignment.as_json`), with ``engine`` (default: this translator's) and
+        ``beam_size`` (default: this translator's; 1 is greedy, and gives exactly what a
+        ``Translator(..., beam_size=1)`` gives). The caller checks ``beam_size``'s bounds
+        (:func:`attnlab.serving.signature.check_beam_size`).
 
         Raises:
             UnknownEngineError: ``engine`` is not in this export; nothing is decoded then.
@@ -394,13 +401,17 @@ class Translator:
         engine = self.check_engine(engine or self.engine)
         self.check_request(sentences)
         if alignments:
-            return [a.as_json() for a in self._align(list(sentences), engine)]
-        return self._decode(list(sentences), engine)
+            return [a.as_json() for a in self._align(list(sentences), engine, beam_size)]
+        return self._decode(list(sentences), engine, beam_size)
 
-    def _translate(self, sentences: list[str], engine: str | None = None) -> list[list[int]]:
-        """Output ids of checked sentences with ``engine`` (default: this translator's); those
-        without text give [] undecoded (:func:`attnlab.inference.decoding.translate` skips them)."""
+    def _translate(
+        self, sentences: list[str], engine: str | None = None, beam_size: int | None = None
+    ) -> list[list[int]]:
+        """Output ids of checked sentences with ``engine`` and ``beam_size`` (defaults: this
+        translator's); those without text give [] undecoded
+        (:func:`attnlab.inference.decoding.translate` skips them)."""
         engine = engine or self.engine
+        beam_size = self.beam_size if beam_size is None else int(beam_size)
         if engine == "torch":
             return translate(
                 self.init_state,
@@ -408,7 +419,7 @@ class Translator:
                 self.tokenizer,
                 sentences,
                 batch_size=self.batch_size,
-                beam_size=self.beam_size,
+                beam_size=beam_size,
                 alpha=self.alpha,
             )
         if engine not in self._ctranslate2:  # loaded once, on first use
@@ -419,12 +430,14 @@ class Translator:
                 self.export_dir / "ctranslate2" / quantization, self.tokenizer
             )
         return self._ctranslate2[engine].translate(
-            sentences, beam_size=self.beam_size, alpha=self.alpha, batch_size=self.batch_size
+            sentences, beam_size=beam_size, alpha=self.alpha, batch_size=self.batch_size
         )
 
-    def _decode(self, sentences: list[str], engine: str | None = None) -> list[str]:
+    def _decode(
+        self, sentences: list[str], engine: str | None = None, beam_size: int | None = None
+    ) -> list[str]:
         """Translate checked sentences (:meth:`_translate`), detokenized."""
-        return [self.tokenizer.decode(ids) for ids in self._translate(sentences, engine)]
+        return [self.tokenizer.decode(ids) for ids in self._translate(sentences, engine, beam_size)]
 
     def _cross_attention(self):
         """The export's attention function and its ``config.json`` entry, loaded once."""
@@ -450,12 +463,14 @@ class Translator:
         return self._attention
 
     @torch.no_grad()
-    def _align(self, sentences: list[str], engine: str | None = None) -> list[Alignment]:
+    def _align(
+        self, sentences: list[str], engine: str | None = None, beam_size: int | None = None
+    ) -> list[Alignment]:
         """:meth:`align` of checked sentences, translated with ``engine``; the weights are
         always the torch model's, on the tokens the engine printed."""
         attention, spec = self._cross_attention()
         out = []
-        for sentence, ids in zip(sentences, self._translate(sentences, engine)):
+        for sentence, ids in zip(sentences, self._translate(sentences, engine, beam_size)):
             src, valid = self.tokenizer.encode_sources([sentence])
             if not bool(decodable([sentence], valid)[0]):  # translate() did not decode it
                 out.append(
