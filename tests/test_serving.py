@@ -430,7 +430,13 @@ def test_served_model_refuses_what_its_signature_does_not_declare(store, served)
         ("\n".join(SOURCES[:3]) + "\n", csv_type, f"the input has column {SOURCES[0]!r}; " + ONE_COLUMN),
         (f"text,en2\n{SOURCES[0]},{SOURCES[1]}\n", csv_type, "the input has columns 'text', 'en2'; "),
         ("text\nA man, a dog.\n", csv_type, "text/csv line 2 has 2 fields, the header text one: quote"),
-        ("text\nA dog.\n\nA cat.\n", csv_type, "text/csv line 3 is empty, and pandas skips"),
+        (
+            "text\nA dog.\n\nA cat.\n",
+            csv_type,
+            "text/csv line 3 is empty (or spaces alone), and pandas skips",
+        ),
+        ("text\nA dog.\n   \nA cat.\n", csv_type, "text/csv line 3 is empty (or spaces alone)"),
+        ('text\nA dog.\n""\n', csv_type, "text/csv line 3 is '', which pandas reads as a missing value"),
         ("text\nA dog.\nNA\n", csv_type, "text/csv line 3 is 'NA', which pandas reads as a missing value"),
         ({"inputs": [SOURCES[0], 7]}, json_type, "input 1 is int, not a string"),  # MLflow alone: "7"
         ({"inputs": [None]}, json_type, "input 0 is null, not a string"),  # MLflow alone: "None"

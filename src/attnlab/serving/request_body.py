@@ -19,9 +19,9 @@ import json
 from attnlab.serving.translator import InvalidRequestError
 
 # pandas.read_csv's default na_values (its documentation): a field that is exactly one of these
-# is read as a missing value.
+# ("" is a quoted empty field, `""`) is read as a missing value.
 CSV_NA_VALUES = frozenset(
-    ["#N/A", "#N/A N/A", "#NA", "-1.#IND", "-1.#QNAN", "-NaN", "-nan", "1.#IND", "1.#QNAN", "<NA>"]
+    ["", "#N/A", "#N/A N/A", "#NA", "-1.#IND", "-1.#QNAN", "-NaN", "-nan", "1.#IND", "1.#QNAN", "<NA>"]
     + ["N/A", "NA", "NULL", "NaN", "None", "n/a", "nan", "null"]
 )
 JSON_HINT = 'send each sentence as a JSON string: {"inputs": ["sentence 1", "sentence 2", ...]}'
@@ -67,6 +67,7 @@ def check_csv_body(body: bytes | str, column: str) -> None:
         text = body.decode("utf-8") if isinstance(body, bytes) else body
     except UnicodeDecodeError:  # MLflow answers it
         return
+    lines = io.StringIO(text).readlines()  # as the reader reads them: line_num indexes them
     reader = csv.reader(io.StringIO(text))
     try:
         header = next(reader, None)
@@ -75,13 +76,13 @@ def check_csv_body(body: bytes | str, column: str) -> None:
         blank = None
         for row in reader:
             line = reader.line_num
-            if not row:
+            if not row or (len(row) == 1 and not lines[line - 1].strip()):  # pandas skips it
                 blank = blank or line
                 continue
             if blank is not None:
                 raise InvalidRequestError(
-                    f"text/csv line {blank} is empty, and pandas skips an empty line without a "
-                    'word; leave it out, or send an empty sentence in JSON ("")'
+                    f"text/csv line {blank} is empty (or spaces alone), and pandas skips such a line "
+                    'without a word; leave it out, or send an empty sentence in JSON ("")'
                 )
             if len(row) > 1:
                 raise InvalidRequestError(
