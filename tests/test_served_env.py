@@ -114,7 +114,8 @@ def test_an_import_nothing_provides_names_the_module_and_the_fix(tmp_path):
 def test_attnlabs_served_code_needs_exactly_these_distributions():
     # A change here is a change of the served environment: review it, then update the list.
     names = [r.split("==")[0] for r in served_requirements()]
-    assert names == ["ctranslate2", "mlflow", "numpy", "omegaconf", "sentencepiece", "sentencex", "torch"]
+    # pandas: the signature's DataFrame (attnlab.serving.signature); MLflow needs it anyway
+    assert names == ["ctranslate2", "mlflow", "numpy", "omegaconf", "pandas", "sentencepiece", "sentencex", "torch"]
     assert all("+" not in r for r in served_requirements())  # no local labels (torch's +cpu)
 
 

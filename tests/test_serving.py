@@ -9,8 +9,13 @@ The reference for every prediction is the export decoded the way
 ``src/translate.py`` decodes it (:func:`attnlab.inference.decoding.translate_text`).
 """
 
+import io
 import json
+import re
+import shutil
+import sys
 import time
+from pathlib import Path
 
 import mlflow
 import pandas as pd
@@ -23,6 +28,7 @@ from attnlab.data.tokenizer import train_sentencepiece
 from attnlab.export.trace import export_translation
 from attnlab.inference.decoding import translate_text
 from attnlab.models.transformer import Transformer
+from attnlab.serving.guard import INTERNAL_MESSAGE
 from attnlab.serving.registry import CHAMPION, log_served_model, serve_command
 from attnlab.serving.translator import (
     EmptyRequestError,
@@ -41,6 +47,7 @@ MAX_CHARS = 80
 DECODING = {"beam_size": 3, "alpha": 1.0}
 SOURCES = [en for en, _ in PAIRS[:6]]
 TOO_LONG = ("A dog watches the sea. " * 4)[: MAX_CHARS + 1]  # 81 characters
+ROOT = Path(__file__).resolve().parents[1]
 
 
 @pytest.fixture(scope="module")
@@ -127,6 +134,7 @@ def test_pyfunc_translates_like_translate_py(store):
     assert model.predict(nothing + [SOURCES[0]]) == [""] * len(nothing) + [store["expected"][0]]
     assert model.metadata.metadata["max_input_chars"] == MAX_CHARS
     assert model.metadata.get_input_schema().input_types()[0].name == "string"
+    assert model.metadata.get_input_schema().input_names() == ["text"]  # one column, named text
 
 
 def test_pyfunc_returns_alignments_only_when_asked(store):
@@ -135,6 +143,7 @@ def test_pyfunc_returns_alignments_only_when_asked(store):
     assert [(p.name, p.dtype.name, p.default) for p in params] == [
         ("alignments", "boolean", False),
         ("engine", "string", "torch"),
+        ("beam_size", "long", DECODING["beam_size"]),  # the export's
     ]
     expected = [a.as_json() for a in Translator(store["export_dir"]).align(SOURCES[:2])]
     assert model.predict(SOURCES[:2], params={"alignments": True}) == expected
@@ -246,43 +255,243 @@ def test_export_refuses_request_limits_a_sentence_cannot_fit(store, tmp_path):
         assert not (tmp_path / "x").exists()
 
 
-def test_mlflow_models_serve_answers_requests(store):
+@pytest.fixture(scope="module")
+def served(store):
+    """``mlflow models serve`` of the champion; yields its base URL and its log file."""
+    log = store["tmp"] / "serve.log"
     t0 = time.perf_counter()
-    server, base = start_server(
-        f"models:/attnlab-transformer@{CHAMPION}", store["uri"], store["tmp"] / "serve.log"
-    )
-    up_s = time.perf_counter() - t0
+    server, base = start_server(f"models:/attnlab-transformer@{CHAMPION}", store["uri"], log)
     try:
-        status, body = post(f"{base}/invocations", {"inputs": SOURCES + [""]})
-        assert status == 200, body
-        assert body == {"predictions": store["expected"] + [""]}
+        yield {"base": base, "log": log, "up_s": time.perf_counter() - t0}
+    finally:
+        stop_server(server)
 
-        status, body = post(f"{base}/invocations", {"inputs": SOURCES[:2], "params": {"alignments": True}})
-        assert status == 200, body
-        expected = [a.as_json() for a in Translator(store["export_dir"]).align(SOURCES[:2])]
-        assert [a["translation"] for a in body["predictions"]] == store["expected"][:2]
-        for got, want in zip(body["predictions"], expected):  # JSON floats: equal to float32 eps
-            assert {k: v for k, v in got.items() if k not in ("alignment", "attention")} == {
-                k: v for k, v in want.items() if k not in ("alignment", "attention")
-            }
-            for key in ("alignment", "attention"):
-                assert torch.allclose(torch.tensor(got[key]), torch.tensor(want[key]), atol=1e-7)
 
-        status, body = post(f"{base}/invocations", {"inputs": SOURCES, "params": {"engine": "ctranslate2"}})
-        assert status == 200, body
-        assert body == {"predictions": Translator(store["export_dir"], engine="ctranslate2")(SOURCES)}
+def test_mlflow_models_serve_answers_requests(store, served):
+    base = served["base"]
+    status, body = post(f"{base}/invocations", {"inputs": SOURCES + [""]})
+    assert status == 200, body
+    assert body == {"predictions": store["expected"] + [""]}
+
+    status, body = post(f"{base}/invocations", {"inputs": SOURCES[:2], "params": {"alignments": True}})
+    assert status == 200, body
+    expected = [a.as_json() for a in Translator(store["export_dir"]).align(SOURCES[:2])]
+    assert [a["translation"] for a in body["predictions"]] == store["expected"][:2]
+    for got, want in zip(body["predictions"], expected):  # JSON floats: equal to float32 eps
+        assert {k: v for k, v in got.items() if k not in ("alignment", "attention")} == {
+            k: v for k, v in want.items() if k not in ("alignment", "attention")
+        }
+        for key in ("alignment", "attention"):
+            assert torch.allclose(torch.tensor(got[key]), torch.tensor(want[key]), atol=1e-7)
+
+    status, body = post(f"{base}/invocations", {"inputs": SOURCES, "params": {"engine": "ctranslate2"}})
+    assert status == 200, body
+    assert body == {"predictions": Translator(store["export_dir"], engine="ctranslate2")(SOURCES)}
+    status, body = post(f"{base}/invocations", {"inputs": SOURCES, "params": {"engine": "ctranslate2_int8"}})
+    assert status == 400 and "'ctranslate2_int8' is not in this export" in body["message"]
+
+    status, body = post(f"{base}/invocations", {"inputs": [SOURCES[0], TOO_LONG]})
+    assert status == 400
+    assert body["error_code"] == "INVALID_PARAMETER_VALUE"
+    assert f"at most {MAX_CHARS} characters" in body["message"]
+
+    status, body = post(f"{base}/invocations", {"inputs": []})  # MLflow alone answers 200 []
+    assert status == 400 and "the request has no sentences" in body["message"]
+    print(f"server up in {served['up_s']:.1f} s")
+
+
+# --- The signature: one string column `text`, the declared params, nothing else -------------
+
+ACCEPTED = (
+    "this model accepts alignments (true or false, default false), engine (a string, default "
+    "'torch'), beam_size (an integer, default 3)"
+)
+ONE_COLUMN = "this model takes one string column, named 'text'"
+# Nonsense for the tiny model: beam 3 (the export's) and beam 1 (greedy) translate these differently.
+BEAM_DIFFERS = ["car ball likes car.", "a car.", "man red Two."]
+
+
+def test_pyfunc_takes_a_list_or_the_column_text_and_refuses_other_columns(store):
+    model = mlflow.pyfunc.load_model("models:/attnlab-transformer/1")
+    expected = store["expected"]
+    assert model.predict(SOURCES) == expected
+    assert model.predict(pd.DataFrame({"text": SOURCES})) == expected
+    assert model.predict(pd.Series(SOURCES, name="text")) == expected
+    assert model.predict({"text": SOURCES}) == expected  # MLflow alone: one row holding the list
+    for data, message in [
+        # MLflow alone translates `en` (the first string column) and drops `en2` without a word
+        (pd.DataFrame({"en": SOURCES, "en2": SOURCES}), "the input has columns 'en', 'en2'; "),
+        (pd.DataFrame({"text": SOURCES, "en2": SOURCES}), "the input has columns 'text', 'en2'; "),
+        (pd.DataFrame({"en": SOURCES}), "the input has column 'en'; "),
+        (pd.Series(SOURCES, name="en"), "the input has column 'en'; "),
+        (pd.DataFrame(), "the input has no column; "),
+        (SOURCES[0], "expected a list of sentences (strings), got str; "),
+    ]:
+        with pytest.raises(MlflowException) as e:
+            model.predict(data)
+        assert e.value.error_code == "INVALID_PARAMETER_VALUE"
+        assert str(e.value).startswith(message + ONE_COLUMN), str(e.value)
+
+
+def test_pyfunc_accepts_the_declared_params_and_refuses_any_other(store):
+    model = mlflow.pyfunc.load_model("models:/attnlab-transformer/1")
+    greedy = Translator(store["export_dir"], beam_size=1)(BEAM_DIFFERS)
+    assert greedy != Translator(store["export_dir"])(BEAM_DIFFERS)  # else this test proves nothing
+    assert model.predict(BEAM_DIFFERS, params={"beam_size": 1}) == greedy
+    assert model.predict(BEAM_DIFFERS, params={"beam_size": None}) == model.predict(BEAM_DIFFERS)
+    assert model.predict(BEAM_DIFFERS, params={"beam_size": 16}) == Translator(
+        store["export_dir"], beam_size=16
+    )(BEAM_DIFFERS)  # the upper bound
+    for params, message in [
+        ({"beam": 1}, "unknown param 'beam'; " + ACCEPTED),  # MLflow alone: ignored, beam 3
+        ({"beam": 1, "alpha": 0.5}, "unknown params 'beam', 'alpha'; " + ACCEPTED),
+        (
+            {"beam_size": 0},
+            "param beam_size is 0; this model decodes with a beam of 1 to 16 (1 is greedy; default 3)",
+        ),
+        ({"beam_size": 17}, "param beam_size is 17; this model decodes with a beam of 1 to 16"),
+        ({"beam_size": "1"}, "param beam_size must be an integer, got '1' (str); " + ACCEPTED),
+        ({"beam_size": True}, "param beam_size must be an integer, got True (bool)"),
+        ({"alignments": "yes"}, "param alignments must be true or false, got 'yes' (str)"),
+        ({"engine": "marian"}, "engine 'marian' is not an engine; this model has torch, ctranslate2"),
+        (["beam_size", 1], "params must be an object of name → value, got list; " + ACCEPTED),
+    ]:
+        with pytest.raises(MlflowException) as e:
+            model.predict(SOURCES[:1], params=params)
+        assert e.value.error_code == "INVALID_PARAMETER_VALUE"
+        assert str(e.value).startswith(message), str(e.value)
+
+
+def _one_line_error(served: dict, store: dict, status: int, body, expected_status: int = 400) -> str:
+    """Check an error answer of the served model; return its message without the error id.
+
+    One JSON object {error_code, message, error_id}; the message is one line ending in
+    "(error id <12 hex>)"; no traceback and no file of the server anywhere in the body; the
+    server's log has that id, then the traceback.
+    """
+    assert status == expected_status, body
+    assert isinstance(body, dict) and set(body) == {"error_code", "message", "error_id"}, body
+    error_id, message = body["error_id"], body["message"]
+    assert re.fullmatch(r"[0-9a-f]{12}", error_id), error_id
+    assert "\n" not in message and message.endswith(f" (error id {error_id})"), message
+    text = json.dumps(body, ensure_ascii=False)
+    for leak in ("Traceback", "stack_trace", 'File "', ".py", str(store["tmp"]), sys.prefix, str(ROOT)):
+        assert leak not in text, (leak, text)
+    log = served["log"].read_text()
+    entry = log[log.index(f"error id {error_id}") :]
+    entry = entry[: entry.find("error id ", 1)] if "error id " in entry[1:] else entry
+    assert "Traceback (most recent call last)" in entry, entry[:2000]
+    return message.removesuffix(f" (error id {error_id})")
+
+
+def test_served_model_answers_every_content_type_mlflow_serves(store, served):
+    url, want = f"{served['base']}/invocations", {"predictions": store["expected"]}
+    frame = pd.DataFrame({"text": SOURCES})
+    parquet = io.BytesIO()
+    frame.to_parquet(parquet)
+    for payload, content_type in [
+        ({"inputs": SOURCES}, "application/json"),
+        ({"inputs": {"text": SOURCES}}, "application/json"),
+        ({"instances": SOURCES}, "application/json"),
+        ({"instances": [{"text": s} for s in SOURCES]}, "application/json"),
+        ({"dataframe_split": {"columns": ["text"], "data": [[s] for s in SOURCES]}}, "application/json"),
+        ({"dataframe_records": frame.to_dict(orient="records")}, "application/json; charset=utf-8"),
+        (frame.to_csv(index=False), "text/csv"),
+        (frame.to_csv(index=False, lineterminator="\r\n"), "text/csv; charset=utf-8"),
+        (parquet.getvalue(), "application/vnd.apache.parquet"),
+    ]:
+        assert post(url, payload, content_type=content_type) == (200, want), (payload, content_type)
+    # the how-to's curl (docs/how-to/serve.md): a quoted sentence holds a comma
+    csv_body = 'text\nA man rides a bike.\n"A man, a dog."\n'
+    want = {"predictions": Translator(store["export_dir"])(["A man rides a bike.", "A man, a dog."])}
+    assert post(url, csv_body, content_type="text/csv") == (200, want)
+    # CSV as pandas.DataFrame.to_csv writes it: a comma or a quote inside a quoted field
+    hard = ["A man, a dog.", 'A dog "sees" a ball.']
+    status, body = post(url, pd.DataFrame({"text": hard}).to_csv(index=False), content_type="text/csv")
+    assert (status, body) == (200, {"predictions": Translator(store["export_dir"])(hard)})
+
+
+def test_served_model_refuses_what_its_signature_does_not_declare(store, served):
+    url = f"{served['base']}/invocations"
+    json_type, csv_type = "application/json", "text/csv"
+    cases = [
+        # MLflow alone: 200, `en` translated and `en2` dropped
+        (
+            {"dataframe_split": {"columns": ["en", "en2"], "data": [[SOURCES[0], SOURCES[1]]]}},
+            json_type,
+            "the input has columns 'en', 'en2'; " + ONE_COLUMN,
+        ),
+        (
+            {"dataframe_records": [{"text": SOURCES[0], "en2": SOURCES[1]}]},
+            json_type,
+            "the input has columns 'text', 'en2'; " + ONE_COLUMN,
+        ),
+        # MLflow alone: 200 with 2 translations, the first line read as the header
+        ("\n".join(SOURCES[:3]) + "\n", csv_type, f"the input has column {SOURCES[0]!r}; " + ONE_COLUMN),
+        (f"text,en2\n{SOURCES[0]},{SOURCES[1]}\n", csv_type, "the input has columns 'text', 'en2'; "),
+        ("text\nA man, a dog.\n", csv_type, "text/csv line 2 has 2 fields, the header text one: quote"),
+        (
+            "text\nA dog.\n\nA cat.\n",
+            csv_type,
+            "text/csv line 3 is empty (or spaces alone), and pandas skips",
+        ),
+        ("text\nA dog.\n   \nA cat.\n", csv_type, "text/csv line 3 is empty (or spaces alone)"),
+        ('text\nA dog.\n""\n', csv_type, "text/csv line 3 is '', which pandas reads as a missing value"),
+        ("text\nA dog.\nNA\n", csv_type, "text/csv line 3 is 'NA', which pandas reads as a missing value"),
+        ({"inputs": [SOURCES[0], 7]}, json_type, "input 1 is int, not a string"),  # MLflow alone: "7"
+        ({"inputs": [None]}, json_type, "input 0 is null, not a string"),  # MLflow alone: "None"
+        ({"instances": [{"text": 7}]}, json_type, "input 0 is int, not a string"),
+        ({"inputs": SOURCES[:1], "params": {"beam": 1}}, json_type, "unknown param 'beam'; " + ACCEPTED),
+        (
+            {"inputs": SOURCES[:1], "params": {"beam_size": 17}},
+            json_type,
+            "param beam_size is 17; this model decodes with a beam of 1 to 16",
+        ),
+        ({"inputs": ["A \ud800 dog."]}, json_type, "input 0 holds U+D800 at character 2, a lone surrogate"),
+        ({"inputs": [SOURCES[0], TOO_LONG]}, json_type, f"input 1 has {MAX_CHARS + 1} characters"),
+        # MLflow's own refusals, without its stack trace or its dump of the request
+        (b'{"inputs": ["A dog runs.",', json_type, "Invalid input. Ensure that input is a valid JSON"),
+        ("", csv_type, "Failed to parse input as a Pandas DataFrame"),
+        (b"not parquet", "application/vnd.apache.parquet", "Failed to parse input as a Pandas DataFrame"),
+    ]
+    for payload, content_type, message in cases:
+        status, body = post(url, payload, content_type=content_type)
+        got = _one_line_error(served, store, status, body)
+        assert got.startswith(message), (payload, got)
+        assert body["error_code"] in ("INVALID_PARAMETER_VALUE", "BAD_REQUEST"), body
+
+
+def test_served_beam_size_decodes_like_a_translator_with_that_beam(store, served):
+    url = f"{served['base']}/invocations"
+    greedy = Translator(store["export_dir"], beam_size=1)(BEAM_DIFFERS)
+    assert greedy != Translator(store["export_dir"])(BEAM_DIFFERS)
+    assert post(url, {"inputs": BEAM_DIFFERS, "params": {"beam_size": 1}}) == (200, {"predictions": greedy})
+    status, body = post(url, {"inputs": BEAM_DIFFERS[:1], "params": {"beam_size": 1, "alignments": True}})
+    assert status == 200 and body["predictions"][0]["translation"] == greedy[0]
+
+
+def test_an_internal_fault_is_a_500_with_an_id_and_its_trace_in_the_log(store, tmp_path):
+    # A model folder served in place; its CTranslate2 model loads on first use, so deleting it
+    # after the server started is a real fault inside predict.
+    model_dir = Path(
+        mlflow.artifacts.download_artifacts("models:/attnlab-transformer/1", dst_path=str(tmp_path / "model"))
+    )
+    log = tmp_path / "serve.log"
+    server, base = start_server(str(model_dir), store["uri"], log)
+    try:
+        shutil.rmtree(model_dir / "artifacts" / "export" / "ctranslate2")
         status, body = post(
-            f"{base}/invocations", {"inputs": SOURCES, "params": {"engine": "ctranslate2_int8"}}
+            f"{base}/invocations", {"inputs": SOURCES[:1], "params": {"engine": "ctranslate2"}}
         )
-        assert status == 400 and "'ctranslate2_int8' is not in this export" in body["message"]
-
-        status, body = post(f"{base}/invocations", {"inputs": [SOURCES[0], TOO_LONG]})
-        assert status == 400
-        assert body["error_code"] == "INVALID_PARAMETER_VALUE"
-        assert f"at most {MAX_CHARS} characters" in body["message"]
-
-        status, body = post(f"{base}/invocations", {"inputs": []})  # MLflow alone answers 200 []
-        assert status == 400 and "the request has no sentences" in body["message"]
-        print(f"server up in {up_s:.1f} s")
+        served = {"log": log}
+        assert _one_line_error(served, {"tmp": tmp_path}, status, body, 500) == INTERNAL_MESSAGE
+        assert body["error_code"] == "INTERNAL_ERROR"
+        entry = log.read_text()[log.read_text().index(f"error id {body['error_id']}") :]
+        assert "ctranslate2" in entry  # the cause, for whoever reads the log
+        # the server answers the next request
+        assert post(f"{base}/invocations", {"inputs": SOURCES[:1]}) == (
+            200,
+            {"predictions": store["expected"][:1]},
+        )
     finally:
         stop_server(server)

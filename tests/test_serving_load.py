@@ -4,7 +4,7 @@ One real ``mlflow models serve`` (``--env-manager local``, MLflow's default numb
 of uvicorn workers) of the tiny Transformer of ``serve_harness`` (input limit 80
 characters, beam 3, α = 1; per request 32 sentences, 2,000 characters (so that 26
 sentences of 80 reach it; the default is 4,000) and 1,000 tokens) on loopback. CI size: 4 client
-threads × 100 requests, every 4th one invalid (each of the 12 kinds of
+threads × 100 requests, every 4th one invalid (each of the 13 kinds of
 ``serve_harness.invalid_requests``), the others 1–32 sentences drawn (seeded) from the 48 fixture
 sentences. The reference for each valid answer is :class:`attnlab.serving.translator.Translator`
 on the export folder, one sentence at a time (a sentence translates the same in any batch).
@@ -79,6 +79,7 @@ def test_concurrent_load_no_5xx_right_answers_flat_memory(served):
         "number_item",
         "null_item",
         "nested_list",
+        "unknown_param",
         "empty_list",
         "too_long",
         "too_many",

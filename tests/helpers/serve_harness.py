@@ -83,10 +83,16 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def post(url: str, payload: dict | bytes, timeout: float = 90) -> tuple[int, dict | str]:
-    """POST JSON (a dict, or raw bytes sent as they are) → (HTTP status, decoded JSON or text)."""
-    data = payload if isinstance(payload, bytes) else json.dumps(payload).encode()
-    req = urllib.request.Request(url, data, {"Content-Type": "application/json"})
+def post(
+    url: str, payload: dict | bytes | str, timeout: float = 90, content_type: str = "application/json"
+) -> tuple[int, dict | str]:
+    """POST JSON (a dict), or a body sent as it is (bytes, or str as UTF-8), with ``content_type``
+    → (HTTP status, decoded JSON or text)."""
+    if isinstance(payload, dict):
+        data = json.dumps(payload).encode()
+    else:
+        data = payload.encode() if isinstance(payload, str) else payload
+    req = urllib.request.Request(url, data, {"Content-Type": content_type})
     try:
         with urllib.request.urlopen(req, timeout=timeout) as r:
             status, raw = r.status, r.read()
@@ -216,8 +222,9 @@ def invalid_requests(translator) -> list[tuple[str, bytes, list[str]]]:
     """The invalid requests a load mixes in: (name, raw body, words its 4xx message must contain).
 
     Built from ``translator``'s limits (an :class:`attnlab.serving.translator.Translator` of the served
-    export). The first seven are answered by MLflow's scoring server itself (its messages);
-    the others by the pyfunc (:meth:`attnlab.serving.translator.Translator.check_request`).
+    export). The first three are answered by MLflow's scoring server itself (its messages);
+    the others by the served model (:mod:`attnlab.serving.request_body`,
+    :mod:`attnlab.serving.signature`, :meth:`attnlab.serving.translator.Translator.check_request`).
     """
 
     def body(obj) -> bytes:
@@ -233,11 +240,12 @@ def invalid_requests(translator) -> list[tuple[str, bytes, list[str]]]:
     cases = [
         ("bad_json", b'{"inputs": ["A dog runs.",', ["valid JSON"]),
         ("not_utf8", b'{"inputs": ["\xff\xfe"]}', ["valid JSON"]),
-        ("no_inputs_key", body({"foo": ["A dog runs."]}), ["'inputs' key"]),
-        ("inputs_is_string", body({"inputs": "A dog runs."}), ["expected list", "got str"]),
-        ("number_item", body({"inputs": ["A dog runs.", 7]}), ["expected type str", "got int"]),
-        ("null_item", body({"inputs": [None]}), ["expected type str", "got NoneType"]),
-        ("nested_list", body({"inputs": [["A dog runs."]]}), ["expected type str", "got list"]),
+        ("no_inputs_key", body({"foo": ["A dog runs."]}), ["exactly one of the input fields", "inputs"]),
+        ("inputs_is_string", body({"inputs": "A dog runs."}), ["expected a list of sentences", "got str"]),
+        ("number_item", body({"inputs": ["A dog runs.", 7]}), ["input 1 is int, not a string"]),
+        ("null_item", body({"inputs": [None]}), ["input 0 is null, not a string"]),
+        ("nested_list", body({"inputs": [["A dog runs."]]}), ["input 0 is list, not a string"]),
+        ("unknown_param", body({"inputs": ["A dog runs."], "params": {"beam": 1}}), ["unknown param 'beam'"]),
         ("empty_list", body({"inputs": []}), ["no sentences", "at least one"]),
         (
             "too_long",

@@ -4,32 +4,41 @@ MLflow runs this file when it loads the model (``mlflow.pyfunc.load_model``,
 ``mlflow models serve``); :func:`attnlab.serving.registry.log_served_model` logs it with
 the export folder (``models/<model>/``) as the artifact ``export``.
 
-Input: a list of English sentences (``{"inputs": [...]}`` over HTTP, or a list
-or one-column DataFrame in Python). Output: one French string per sentence,
-decoded exactly as ``src/translate.py`` does (:class:`attnlab.serving.translator.Translator`:
-the export's beam settings; "" → "").
-With the param ``alignments`` true (``{"inputs": [...], "params": {"alignments": true}}``;
-``params={"alignments": True}`` in Python) each answer is instead an object: the translation,
-its source and target pieces and the cross attention that produced it
-(:meth:`attnlab.serving.translator.Alignment.as_json`; docs: How-to, serving).
-The param ``engine`` chooses the decoder among those the export holds
-(:data:`attnlab.serving.translator.ENGINES`: ``torch``, the default; ``ctranslate2`` and
-``ctranslate2_int8`` for a Transformer); another is an HTTP 400 naming those it has.
+Input (its MLflow signature, :func:`attnlab.serving.signature.served_signature`): one string
+column, named ``text``: ``{"inputs": ["sentence", ...]}`` over HTTP (or ``instances``,
+``dataframe_split``/``dataframe_records`` with the column ``text``, or a ``text/csv`` body with the
+header line ``text``); a list of sentences or a DataFrame with the one column ``text`` in Python.
+Other, extra or no columns, and params the signature does not declare, are refused (HTTP 400)
+before MLflow would drop them (:mod:`attnlab.serving.guard`). Output: one French string per
+sentence, decoded exactly as ``src/translate.py`` does
+(:class:`attnlab.serving.translator.Translator`: the export's beam settings; "" → "").
+
+Params (``{"inputs": [...], "params": {...}}``; ``params={...}`` in Python):
+``alignments`` true answers each sentence with an object instead: the translation, its source
+and target pieces and the cross attention that produced it
+(:meth:`attnlab.serving.translator.Alignment.as_json`; docs: How-to, serving). ``engine``
+chooses the decoder among those the export holds (:data:`attnlab.serving.translator.ENGINES`:
+``torch``, the default; ``ctranslate2`` and ``ctranslate2_int8`` for a Transformer); another is
+an HTTP 400 naming those it has. ``beam_size`` decodes with that beam (1 is greedy) instead of
+the export's, 1 to :data:`attnlab.serving.signature.MAX_BEAM_SIZE`.
 
 A request is checked before anything is decoded (:meth:`attnlab.serving.translator.Translator.check_request`):
 no sentence; more than ``serving.max_request_sentences`` sentences (default 32),
 ``max_request_chars`` characters (4,000) or ``max_request_tokens`` sentencepiece tokens
 (1,000) together; a sentence longer than ``max_input_chars`` characters (500) or
-``max_input_tokens`` tokens; or an item that is not a string: each raises
-``MlflowException`` with ``INVALID_PARAMETER_VALUE``, which the scoring server answers
-with HTTP 400 and the message (the count, the limit, its setting, how to split). The
-per-request limits keep a request well inside the scoring server's
-``MLFLOW_SCORING_SERVER_REQUEST_TIMEOUT`` (60 s), after which it answers 504 whatever
-the model is still doing. Bad JSON and a body without ``inputs`` never reach ``predict``:
-MLflow answers those with its own 400.
+``max_input_tokens`` tokens; a sentence that is not text (a lone surrogate); or an item that
+is not a string: each raises ``MlflowException`` with ``INVALID_PARAMETER_VALUE``, which the
+scoring server answers with HTTP 400 and the message (the count, the limit, its setting, how
+to split). The per-request limits keep a request well inside the scoring server's
+``MLFLOW_SCORING_SERVER_REQUEST_TIMEOUT`` (60 s), after which it answers 504 whatever the
+model is still doing. Bad JSON, a CSV body pandas cannot read and a body without ``inputs``
+(or another input field) never reach ``predict``: MLflow answers those with its own 400.
+Every error answer over HTTP is one line ending in an error id, never a traceback; the
+server log has the id and the traceback (:mod:`attnlab.serving.guard`).
 
-No ``from __future__ import annotations`` here: MLflow reads ``predict``'s
-type hints at class creation to build the signature and validate inputs.
+No ``from __future__ import annotations`` here: MLflow reads ``predict``'s type hints at
+class creation; a DataFrame hint gives no signature of its own, so the one
+:func:`attnlab.serving.registry.log_served_model` logs (named column ``text``, params) holds.
 
 The model's ``requirements.txt`` is derived from the imports of this file and of
 the attnlab modules it reaches (:func:`attnlab.serving.requirements.served_requirements`): a new
@@ -39,39 +48,53 @@ import statement there becomes a new pinned requirement. Import modules with
 """
 
 import mlflow
+import pandas as pd
 from mlflow.exceptions import MlflowException
 from mlflow.protos.databricks_pb2 import INVALID_PARAMETER_VALUE
 
+from attnlab.serving.guard import install
 from attnlab.serving.malloc import cap_malloc_arenas
 from attnlab.serving.registry import EXPORT_ARTIFACT
+from attnlab.serving.signature import INPUT_COLUMN, check_beam_size, input_frame
 from attnlab.serving.translator import InputTooLongError, InvalidRequestError, Translator
 
 
 class TranslationModel(mlflow.pyfunc.PythonModel):
     """Source sentences → translations with an exported model (``models/<model>/``)."""
 
+    # attnlab.serving.guard (GUARD_ATTRIBUTE): requests held to the whole signature, errors one line
+    attnlab_signature_guard = True
+
     def load_context(self, context) -> None:
-        """Load the export folder ``context.artifacts["export"]`` (programs + spm.model),
-        and cap glibc's malloc arenas so the server's memory stays flat under concurrent
-        requests (:func:`attnlab.serving.malloc.cap_malloc_arenas`)."""
+        """Load the export folder ``context.artifacts["export"]`` (programs + spm.model), cap
+        glibc's malloc arenas so the server's memory stays flat under concurrent requests
+        (:func:`attnlab.serving.malloc.cap_malloc_arenas`), and install
+        :func:`attnlab.serving.guard.install` (signature checks, one-line errors with an id)."""
         cap_malloc_arenas()
+        install()
         self.translator = Translator(context.artifacts[EXPORT_ARTIFACT])
 
-    def predict(self, context, model_input: list[str], params=None) -> list[str]:
-        """Translate each sentence; list of N str (1 ≤ N ≤ ``max_request_sentences``) →
-        list of N str, input order; with ``params={"alignments": True}`` a list of N dicts
-        (:meth:`attnlab.serving.translator.Alignment.as_json`).
+    def predict(self, context, model_input: pd.DataFrame, params: dict | None = None) -> list:
+        """Translate each sentence of the column ``text``; N rows (1 ≤ N ≤
+        ``max_request_sentences``) → list of N str, input order; with ``params={"alignments":
+        True}`` a list of N dicts (:meth:`attnlab.serving.translator.Alignment.as_json`);
+        ``engine`` and ``beam_size`` choose the decoder and the beam.
 
         Raises:
-            MlflowException: INVALID_PARAMETER_VALUE (HTTP 400), nothing decoded, if the
-                list is empty, holds a non-string, is over a per-request limit (sentences,
-                characters, tokens), or a sentence is over a per-sentence limit; the
-                message names the problem, the limit and its ``serving.*`` setting.
+            MlflowException: INVALID_PARAMETER_VALUE (HTTP 400), nothing decoded, if there is
+                no sentence, an item is not a string or not text, the request is over a
+                per-request limit (sentences, characters, tokens), a sentence is over a
+                per-sentence limit, or ``engine`` or ``beam_size`` is not one this model has;
+                the message names the problem, the limit and its ``serving.*`` setting.
         """
+        params = params or {}
         try:
-            params = params or {}
+            sentences = input_frame(model_input, INPUT_COLUMN)[INPUT_COLUMN].tolist()
             return self.translator.serve(
-                model_input, alignments=bool(params.get("alignments")), engine=params.get("engine") or None
+                sentences,
+                alignments=bool(params.get("alignments")),
+                engine=params.get("engine") or None,
+                beam_size=check_beam_size(params.get("beam_size"), self.translator.beam_size),
             )
         except (InputTooLongError, InvalidRequestError) as e:
             raise MlflowException(str(e), error_code=INVALID_PARAMETER_VALUE) from None

@@ -16,14 +16,11 @@ from pathlib import Path
 
 from attnlab.errors import UserError
 from attnlab.serving.requirements import PACKAGE_DIR, SERVING_CODE, served_requirements
-from attnlab.serving.translator import DEFAULT_ENGINE, Translator
+from attnlab.serving.translator import Translator
 from attnlab.tracking.logged_models import HeldStops, end_run_as, fail_logged_models, now_ms
 
 EXPORT_ARTIFACT = "export"  # key of the export folder in the pyfunc's context.artifacts
 SERVING_EXAMPLE = ["A man rides a bike."]
-# The served model's params and their defaults (its signature's param schema): alignments=true
-# answers each sentence with its cross attention, engine chooses the decoder (attnlab.serving.model).
-SERVING_PARAMS = {"alignments": False, "engine": DEFAULT_ENGINE}
 CHAMPION = "champion"  # registry alias of the newest version of each registered model
 
 log = logging.getLogger(__name__)
@@ -61,9 +58,10 @@ def log_served_model(export_dir: Path, model: str, run_id: str, tracking_uri: st
 
     The pyfunc is a "model from code" (:mod:`attnlab.serving.model`, not a pickle) with
     the export folder as its artifact and the attnlab package as its code path, so a
-    registered version keeps the decoding code it was logged with. Signature:
-    list of str → list of str (from the type hints). Its metadata and the
-    version's description state the input limit. The logged model is loaded
+    registered version keeps the decoding code it was logged with. Signature
+    (:func:`attnlab.serving.signature.served_signature`): one string column ``text``; params
+    ``alignments``, ``engine`` and ``beam_size`` with the export's defaults. Its metadata and
+    the version's description state the input limits and the beam bounds. The logged model is loaded
     back and run on :data:`SERVING_EXAMPLE` before it is registered, so only a
     model that translates gets a version. Every call adds a new version and moves
     the alias ``champion`` (:data:`CHAMPION`) to it, so ``models:/<name>@champion``
@@ -95,6 +93,9 @@ def log_served_model(export_dir: Path, model: str, run_id: str, tracking_uri: st
             (names run, store, fix).
     """
     import mlflow
+    import pandas as pd
+
+    from attnlab.serving.signature import INPUT_COLUMN, MAX_BEAM_SIZE, served_signature
 
     export_dir = Path(export_dir).resolve()
     translator = Translator(export_dir)
@@ -114,13 +115,16 @@ def log_served_model(export_dir: Path, model: str, run_id: str, tracking_uri: st
         "model": model,
         **limits,
         "engines": translator.engines,
+        "input": f"one string column, {INPUT_COLUMN}",
         "beam_size": translator.beam_size,
+        "beam_size_range": [1, max(MAX_BEAM_SIZE, translator.beam_size)],
         "alpha": translator.alpha,
         "too_long_input": "HTTP 400 (INVALID_PARAMETER_VALUE)",
         "too_large_request": "HTTP 400 (INVALID_PARAMETER_VALUE), nothing decoded",
         "empty_request": "HTTP 400 (INVALID_PARAMETER_VALUE)",
         "empty_input": "translates to an empty string",
     }
+    signature = served_signature(translator.engine, translator.beam_size)
     step, registered, status = "logging", False, None
     since = now_ms()  # the run's models logged since are this call's
     stops = HeldStops(f"export of {model}")  # Ctrl-C, SIGTERM: at the end of the step under way
@@ -137,7 +141,13 @@ def log_served_model(export_dir: Path, model: str, run_id: str, tracking_uri: st
                 python_model=str(SERVING_CODE),
                 artifacts={EXPORT_ARTIFACT: str(export_dir)},
                 code_paths=[str(PACKAGE_DIR)],  # the whole attnlab package, importable as `attnlab`
-                input_example=(SERVING_EXAMPLE, SERVING_PARAMS),
+                signature=signature,
+                # MLflow checks the example against the signature with a list refused for a named
+                # column, so a DataFrame (its serving_input_example.json: dataframe_split)
+                input_example=(
+                    pd.DataFrame({INPUT_COLUMN: SERVING_EXAMPLE}),
+                    {p.name: p.default for p in signature.params.params},
+                ),
                 pip_requirements=requirements,
                 metadata=metadata,
                 tags={"model": model},
@@ -160,13 +170,15 @@ def log_served_model(export_dir: Path, model: str, run_id: str, tracking_uri: st
             name,
             version,
             description=(
-                f"{model} translation model of run {run_id}. Input: a list of sentences, each at most "
+                f"{model} translation model of run {run_id}. Input: a list of sentences (one "
+                f"string column, {INPUT_COLUMN}), each at most "
                 f"{translator.max_input_chars} characters (longer: HTTP 400, INVALID_PARAMETER_VALUE); "
                 f"per request 1 to {translator.max_request_sentences} sentences, at most "
                 f"{translator.max_request_chars} characters and {translator.max_request_tokens} "
                 "tokens together (else HTTP 400; split the request); "
-                f'an empty sentence translates to "". Beam size {translator.beam_size}, '
-                f"alpha {translator.alpha}. Serve: {serve_command(name, tracking_uri, version)}"
+                f'an empty sentence translates to "". Beam size {translator.beam_size} '
+                f"(param beam_size: 1 to {max(MAX_BEAM_SIZE, translator.beam_size)}), alpha "
+                f"{translator.alpha}. Serve: {serve_command(name, tracking_uri, version)}"
             ),
         )
         step = f"setting the alias {CHAMPION} of"

@@ -476,11 +476,15 @@ class Translator:
         alignments: bool = False,
         engine: str | None = None,
         details: bool = False,
+        beam_size: int | None = None,
     ) -> list[str] | list[dict]:
         """One request of the served model: :meth:`check_request`, then translate like
-        :meth:`__call__` with ``engine`` (default: this translator's). With ``details`` each
-        answer is :meth:`Translation.as_json` (the sentences the input was cut into, each with
-        its translation); with ``alignments``, that and each sentence's :meth:`Alignment.as_json`.
+        :meth:`__call__` with ``engine`` (default: this translator's) and ``beam_size``
+        (default: this translator's; 1 is greedy, and gives exactly what a
+        ``Translator(..., beam_size=1)`` gives; the caller checks its bounds,
+        :func:`attnlab.serving.signature.check_beam_size`). With ``details`` each answer is
+        :meth:`Translation.as_json` (the sentences the input was cut into, each with its
+        translation); with ``alignments``, that and each sentence's :meth:`Alignment.as_json`.
 
         Raises:
             UnknownEngineError: ``engine`` is not in this export; nothing is decoded then.
@@ -491,19 +495,27 @@ class Translator:
         """
         engine = self.check_engine(engine or self.engine)
         splits = self.check_request(sentences)
-        translations = self._translations(splits, engine, alignments=alignments)
+        translations = self._translations(splits, engine, alignments=alignments, beam_size=beam_size)
         if alignments or details:
             return [t.as_json() for t in translations]
         return [t.translation for t in translations]
 
     def _translations(
-        self, splits: list[Split], engine: str | None = None, alignments: bool = False
+        self,
+        splits: list[Split],
+        engine: str | None = None,
+        alignments: bool = False,
+        beam_size: int | None = None,
     ) -> list[Translation]:
-        """The checked inputs' sentences translated together (one decoding batch), then joined
-        per input; with ``alignments`` each sentence's :class:`Alignment` too."""
+        """The checked inputs' sentences translated together (one decoding batch) with
+        ``engine`` and ``beam_size`` (defaults: this translator's), then joined per input; with
+        ``alignments`` each sentence's :class:`Alignment` too."""
         sentences = [s for split in splits for s in split.sentences]
-        aligned = self._align(sentences, engine) if alignments else None
-        flat = [a.translation for a in aligned] if aligned is not None else self._decode(sentences, engine)
+        if alignments:
+            aligned = self._align(sentences, engine, beam_size)
+            flat = [a.translation for a in aligned]
+        else:
+            aligned, flat = None, self._decode(sentences, engine, beam_size)
         out, start = [], 0
         for split in splits:
             stop = start + len(split.sentences)
@@ -518,10 +530,14 @@ class Translator:
             start = stop
         return out
 
-    def _translate(self, sentences: list[str], engine: str | None = None) -> list[list[int]]:
-        """Output ids of checked sentences with ``engine`` (default: this translator's); those
-        without text give [] undecoded (:func:`attnlab.inference.decoding.translate` skips them)."""
+    def _translate(
+        self, sentences: list[str], engine: str | None = None, beam_size: int | None = None
+    ) -> list[list[int]]:
+        """Output ids of checked sentences with ``engine`` and ``beam_size`` (defaults: this
+        translator's); those without text give [] undecoded
+        (:func:`attnlab.inference.decoding.translate` skips them)."""
         engine = engine or self.engine
+        beam_size = self.beam_size if beam_size is None else int(beam_size)
         if engine == "torch":
             return translate(
                 self.init_state,
@@ -529,7 +545,7 @@ class Translator:
                 self.tokenizer,
                 sentences,
                 batch_size=self.batch_size,
-                beam_size=self.beam_size,
+                beam_size=beam_size,
                 alpha=self.alpha,
             )
         if engine not in self._ctranslate2:  # loaded once, on first use
@@ -540,12 +556,14 @@ class Translator:
                 self.export_dir / "ctranslate2" / quantization, self.tokenizer
             )
         return self._ctranslate2[engine].translate(
-            sentences, beam_size=self.beam_size, alpha=self.alpha, batch_size=self.batch_size
+            sentences, beam_size=beam_size, alpha=self.alpha, batch_size=self.batch_size
         )
 
-    def _decode(self, sentences: list[str], engine: str | None = None) -> list[str]:
+    def _decode(
+        self, sentences: list[str], engine: str | None = None, beam_size: int | None = None
+    ) -> list[str]:
         """Translate checked sentences (:meth:`_translate`), detokenized."""
-        return [self.tokenizer.decode(ids) for ids in self._translate(sentences, engine)]
+        return [self.tokenizer.decode(ids) for ids in self._translate(sentences, engine, beam_size)]
 
     def _cross_attention(self):
         """The export's attention function and its ``config.json`` entry, loaded once."""
@@ -571,12 +589,14 @@ class Translator:
         return self._attention
 
     @torch.no_grad()
-    def _align(self, sentences: list[str], engine: str | None = None) -> list[Alignment]:
+    def _align(
+        self, sentences: list[str], engine: str | None = None, beam_size: int | None = None
+    ) -> list[Alignment]:
         """:meth:`align` of checked sentences, translated with ``engine``; the weights are
         always the torch model's, on the tokens the engine printed."""
         attention, spec = self._cross_attention()
         out = []
-        for sentence, ids in zip(sentences, self._translate(sentences, engine)):
+        for sentence, ids in zip(sentences, self._translate(sentences, engine, beam_size)):
             src, valid = self.tokenizer.encode_sources([sentence])
             if not bool(decodable([sentence], valid)[0]):  # translate() did not decode it
                 out.append(
