@@ -3,10 +3,3 @@
 python src/download.py                         # canonical URLs
 ATTNLAB_DATA_MIRROR=../shared/data python src/download.py   # offline mirror
 """
-
-from pathlib import Path
-
-import hydra
-from omegaconf import DictConfig
-
-from attnlab.console import logs, summaries

@@ -15,15 +15,3 @@ Writes metrics/<model>.json and logs test_* metrics (and, for translation, the t
 decoding and signatures as tags) to the model's MLflow run.
     python src/evaluate.py model=transformer
 """
-
-import tempfile
-from pathlib import Path
-
-import hydra
-from hydra.utils import get_method
-from omegaconf import DictConfig
-
-from attnlab.checkpoint import load_net
-from attnlab.console import logs, summaries
-from attnlab.console.errors import user_errors
-from attnlab.files import write_json_atomic, write_lines_atomic

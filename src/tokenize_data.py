@@ -21,11 +21,3 @@ was, and no partial one.
     python src/tokenize_data.py data=multi30k data.tgt_lang=de
     python src/tokenize_data.py data=fra_eng_d2l
 """
-
-from pathlib import Path
-
-import hydra
-from hydra.utils import get_method
-from omegaconf import DictConfig
-
-from attnlab.console import logs, summaries

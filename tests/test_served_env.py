@@ -115,7 +115,16 @@ def test_attnlabs_served_code_needs_exactly_these_distributions():
     # A change here is a change of the served environment: review it, then update the list.
     names = [r.split("==")[0] for r in served_requirements()]
     # pandas: the signature's DataFrame (attnlab.serving.signature); MLflow needs it anyway
-    assert names == ["ctranslate2", "mlflow", "numpy", "omegaconf", "pandas", "sentencepiece", "sentencex", "torch"]
+    assert names == [
+        "ctranslate2",
+        "mlflow",
+        "numpy",
+        "omegaconf",
+        "pandas",
+        "sentencepiece",
+        "sentencex",
+        "torch",
+    ]
     assert all("+" not in r for r in served_requirements())  # no local labels (torch's +cpu)
 
 

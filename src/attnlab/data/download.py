@@ -11,14 +11,3 @@ replaced only once the new copy verifies.
 """
 
 from __future__ import annotations
-
-import hashlib
-import http.client
-import os
-import tempfile
-import urllib.error
-import urllib.request
-from pathlib import Path
-from typing import NamedTuple
-
-from attnlab.files import write_error

@@ -9,14 +9,3 @@ Every checkpoint is written whole or not at all (:class:`AtomicCheckpointIO`).
 """
 
 from __future__ import annotations
-
-import io
-import logging
-from pathlib import Path
-
-import pytorch_lightning as pl
-import torch
-from pytorch_lightning.plugins.io import TorchCheckpointIO
-from pytorch_lightning.utilities.exceptions import SIGTERMException
-
-from attnlab.files import FileWriteError, write_bytes_atomic

@@ -7,15 +7,19 @@ the export folder (``models/<model>/``) as the artifact ``export``.
 Input (its MLflow signature, :func:`attnlab.serving.signature.served_signature`): one string
 column, named ``text``: ``{"inputs": ["sentence", ...]}`` over HTTP (or ``instances``,
 ``dataframe_split``/``dataframe_records`` with the column ``text``, or a ``text/csv`` body with the
-header line ``text``); a list of sentences or a DataFrame with the one column ``text`` in Python.
+header line ``text``); a list of inputs or a DataFrame with the one column ``text`` in Python.
 Other, extra or no columns, and params the signature does not declare, are refused (HTTP 400)
-before MLflow would drop them (:mod:`attnlab.serving.guard`). Output: one French string per
-sentence, decoded exactly as ``src/translate.py`` does
-(:class:`attnlab.serving.translator.Translator`: the export's beam settings; "" → "").
+before MLflow would drop them (:mod:`attnlab.serving.guard`). Output: one translation per
+input, decoded exactly as ``src/translate.py`` does
+(:class:`attnlab.serving.translator.Translator`: each input cut into its sentences, each
+sentence translated with the export's beam settings, the translations joined with the
+input's own spaces and line breaks; "" → "").
 
 Params (``{"inputs": [...], "params": {...}}``; ``params={...}`` in Python):
-``alignments`` true answers each sentence with an object instead: the translation, its source
-and target pieces and the cross attention that produced it
+``details`` true answers each input with an object instead: the translation and the sentences
+it was cut into, each with its translation
+(:meth:`attnlab.serving.translator.Translation.as_json`); ``alignments`` true adds to each
+sentence its source and target pieces and the cross attention that produced it
 (:meth:`attnlab.serving.translator.Alignment.as_json`; docs: How-to, serving). ``engine``
 chooses the decoder among those the export holds (:data:`attnlab.serving.translator.ENGINES`:
 ``torch``, the default; ``ctranslate2`` and ``ctranslate2_int8`` for a Transformer); another is
@@ -75,10 +79,10 @@ class TranslationModel(mlflow.pyfunc.PythonModel):
         self.translator = Translator(context.artifacts[EXPORT_ARTIFACT])
 
     def predict(self, context, model_input: pd.DataFrame, params: dict | None = None) -> list:
-        """Translate each sentence of the column ``text``; N rows (1 ≤ N ≤
-        ``max_request_sentences``) → list of N str, input order; with ``params={"alignments":
-        True}`` a list of N dicts (:meth:`attnlab.serving.translator.Alignment.as_json`);
-        ``engine`` and ``beam_size`` choose the decoder and the beam.
+        """Translate each input of the column ``text``; N rows → list of N str, input order;
+        with ``params={"details": True}`` or ``{"alignments": True}`` a list of N dicts
+        (:meth:`attnlab.serving.translator.Translation.as_json`); ``engine`` and ``beam_size``
+        choose the decoder and the beam.
 
         Raises:
             MlflowException: INVALID_PARAMETER_VALUE (HTTP 400), nothing decoded, if there is
@@ -93,6 +97,7 @@ class TranslationModel(mlflow.pyfunc.PythonModel):
             return self.translator.serve(
                 sentences,
                 alignments=bool(params.get("alignments")),
+                details=bool(params.get("details")),
                 engine=params.get("engine") or None,
                 beam_size=check_beam_size(params.get("beam_size"), self.translator.beam_size),
             )

@@ -5,9 +5,9 @@ Input: one string column, named ``text`` (:data:`INPUT_COLUMN`): over HTTP
 of a one-column signature), ``instances``, ``dataframe_split`` / ``dataframe_records`` with
 the column ``text``, or a ``text/csv`` body whose first line is the header ``text``; in
 Python a list of strings or a DataFrame with the one column ``text``.
-Params (:func:`served_signature`): ``alignments`` (boolean, default false), ``engine``
-(string, default the export's) and ``beam_size`` (integer, default the export's, 1 to
-:data:`MAX_BEAM_SIZE`).
+Params (:func:`served_signature`): ``alignments`` and ``details`` (booleans, default false),
+``engine`` (string, default the export's) and ``beam_size`` (integer, default the export's, 1
+to :data:`MAX_BEAM_SIZE`).
 
 MLflow enforces the signature in ``PyFuncModel.predict`` (``_enforce_schema``: the column
 ``text`` must be there; ``_enforce_params_schema``: each declared param must have its
@@ -52,13 +52,15 @@ class InvalidParamError(InvalidRequestError):
 
 def served_signature(engine: str, beam_size: int) -> ModelSignature:
     """The served model's signature: input one string column ``text``; params ``alignments``
-    (boolean, false), ``engine`` (string, ``engine``) and ``beam_size`` (integer, ``beam_size``).
-    Outputs are not declared: a list of strings, or of objects with ``alignments``."""
+    and ``details`` (booleans, false), ``engine`` (string, ``engine``) and ``beam_size``
+    (integer, ``beam_size``). Outputs are not declared: a list of strings, or of objects with
+    ``details`` or ``alignments``."""
     return ModelSignature(
         inputs=Schema([ColSpec("string", INPUT_COLUMN)]),
         params=ParamSchema(
             [
                 ParamSpec("alignments", "boolean", False),
+                ParamSpec("details", "boolean", False),
                 ParamSpec("engine", "string", engine),
                 ParamSpec("beam_size", "long", int(beam_size)),
             ]

@@ -20,22 +20,3 @@ from its own ``last.ckpt`` in its own MLflow run (attnlab.lit.resume).
 """
 
 from __future__ import annotations
-
-import atexit
-import fcntl
-import logging
-import os
-import re
-import uuid
-from contextlib import contextmanager
-from dataclasses import dataclass, field
-from pathlib import Path
-
-from hydra.core.hydra_config import HydraConfig
-from hydra.core.override_parser.overrides_parser import OverridesParser
-from hydra.core.utils import JobReturn, JobStatus
-from hydra.experimental.callback import Callback
-from hydra.types import RunMode
-from omegaconf import DictConfig, OmegaConf
-
-from attnlab.files import write_text_atomic
