@@ -40,13 +40,9 @@ import torch
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig
 
-from attnlab.serving.translator import (
-    Alignment,
-    InputTooLongError,
-    InvalidRequestError,
-    NoAttentionError,
-    Translator,
-)
+from attnlab.console.errors import user_errors
+from attnlab.errors import ConfigError
+from attnlab.serving.translator import Alignment, Translator
 
 TEXT_ARGUMENT = re.compile(r"\+{0,2}text=", re.DOTALL)
 _sentences: list[str] = []  # the +text=… arguments of this command, verbatim
@@ -102,39 +98,30 @@ def check_arguments(sentences: list[str]) -> None:
 
 
 @hydra.main(version_base="1.3", config_path="../conf", config_name="config")
+@user_errors("translate")  # a missing or damaged export, a sentence over the limit: one line
 def main(cfg: DictConfig) -> None:
     dec = cfg.model.decoding  # the same beam settings as evaluate
     if dec.get("bf16"):
-        raise SystemExit(
-            "translate: model.decoding.bf16=true is evaluate's (the checkpoint's); an "
+        raise ConfigError(
+            "model.decoding.bf16=true is evaluate's (the checkpoint's); an "
             "export decodes in float32 on the torch engine, or use engine=ctranslate2_int8 "
             "for speed"
         )
-    try:
-        translator = Translator(
-            Path(cfg.paths.models) / cfg.model.name,
-            beam_size=dec.beam_size,
-            alpha=dec.alpha,
-            engine=cfg.engine,
-        )
-    except (FileNotFoundError, ValueError) as e:
-        raise SystemExit(f"translate: {e}") from None
+    translator = Translator(
+        Path(cfg.paths.models) / cfg.model.name,
+        beam_size=dec.beam_size,
+        alpha=dec.alpha,
+        engine=cfg.engine,
+    )
     check_arguments(_sentences)
     sentences = _sentences or read_sentences(sys.stdin.buffer.read())
     if not cfg.get("show_attention"):
-        try:
-            translations = translator(sentences)
-        except (InputTooLongError, InvalidRequestError) as e:
-            raise SystemExit(f"translate: {e}") from None
-        for line in translations:
+        for line in translator(sentences):
             print(line)
         return
     from attnlab.analysis.alignments import show_alignments  # matplotlib and bokeh: only when asked
 
-    try:
-        alignments = translator.align(sentences)
-    except (NoAttentionError, InputTooLongError, InvalidRequestError) as e:  # seq2seq: no attention
-        raise SystemExit(f"translate: {e}") from None
+    alignments = translator.align(sentences)  # the seq2seq baseline: NoAttentionError
     for t in alignments:
         print(t.translation)
     out_dir = Path(HydraConfig.get().runtime.output_dir) / "attention"

@@ -23,6 +23,7 @@ from pathlib import Path
 import torch
 
 from attnlab.data.special_tokens import BOS_ID, EOS_ID
+from attnlab.errors import MissingFileError, UserError
 from attnlab.inference.decoding import decodable, translate
 from attnlab.serving.sentences import Split, split_sentences
 
@@ -110,7 +111,7 @@ def load_translator(export_dir: Path):
             passed over instead (:func:`_load_function`).
     """
     from attnlab.data.tokenizer import load_sentencepiece  # sentencepiece, with encode_sources
-    from attnlab.errors import ConfigError, MissingFileError
+    from attnlab.errors import ConfigError
     from attnlab.export.integrity import ExportFiles
 
     d = Path(export_dir)
@@ -205,11 +206,11 @@ class Translation:
         return {"translation": self.translation, "sentences": items}
 
 
-class InputTooLongError(ValueError):
+class InputTooLongError(UserError, ValueError):
     """A sentence is longer than the export's input limit (``config.json`` → ``serving``)."""
 
 
-class InvalidRequestError(ValueError):
+class InvalidRequestError(UserError, ValueError):
     """A request to the served model is not a list of strings (:meth:`Translator.check_request`)."""
 
 
@@ -577,7 +578,7 @@ class Translator:
             runtime = self.config.get("runtime") or {}
             file = runtime.get("files", {}).get("attention", "attention.pt")
             if not (self.export_dir / file).exists() or "cross_attention" not in self.config:
-                raise FileNotFoundError(
+                raise MissingFileError(
                     f"{self.export_dir / file} not found: this export predates alignments. Export "
                     f"it again with `python src/export.py model={self.config.get('model', '<name>')}` "
                     "(or `dvc repro`)"
