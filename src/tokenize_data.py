@@ -21,3 +21,38 @@ was, and no partial one.
     python src/tokenize_data.py data=multi30k data.tgt_lang=de
     python src/tokenize_data.py data=fra_eng_d2l
 """
+
+from pathlib import Path
+
+import hydra
+from hydra.utils import get_method
+from omegaconf import DictConfig
+
+from attnlab.console import logs, summaries
+from attnlab.console.errors import user_errors
+from attnlab.errors import ConfigError
+
+
+@hydra.main(version_base="1.3", config_path="../conf", config_name="config")
+@user_errors("tokenize")
+def main(cfg: DictConfig) -> None:
+    logs.setup(mlflow=False)
+    if "tokenize" not in cfg.data:
+        raise ConfigError(
+            f"data={cfg.data.name} names no tokenize function; add one to its config, e.g. "
+            "`tokenize: attnlab.data.tokenizer.tokenize_sentencepiece` (joint BPE)"
+        )
+    if cfg.data.tokenize is None:
+        raise ConfigError(
+            f"data={cfg.data.name} needs no tokenizer; choose data=multi30k, data=fra_eng or data=parallel"
+        )
+    tokenize = get_method(cfg.data.tokenize)
+    out = Path(cfg.paths.tokenized)
+    report = tokenize(cfg, out)
+    for line in report.lines:
+        print(line)
+    print(summaries.tokenize_summary(report.corpus, out, report.splits, report.vocabulary))
+
+
+if __name__ == "__main__":
+    main()

@@ -250,7 +250,7 @@ def invalid_requests(translator) -> list[tuple[str, bytes, list[str]]]:
         (
             "too_long",
             body({"inputs": ["A dog runs.", "x" * (chars + 1)]}),
-            ["input 1", f"{chars + 1} characters", f"at most {chars}", "max_input_chars", "split"],
+            ["input 1", f"{chars + 1} characters", f"at most {chars}", "max_input_chars", "end it sooner"],
         ),
         (
             "too_many",
