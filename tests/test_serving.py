@@ -46,7 +46,7 @@ pytestmark = pytest.mark.usefixtures("one_torch_thread")
 MAX_CHARS = 80
 DECODING = {"beam_size": 3, "alpha": 1.0}
 SOURCES = [en for en, _ in PAIRS[:6]]
-TOO_LONG = ("A dog watches the sea. " * 4)[: MAX_CHARS + 1]  # 81 characters
+TOO_LONG = ("a dog watches the sea and " * 4)[: MAX_CHARS + 1]  # one sentence of 81 characters
 ROOT = Path(__file__).resolve().parents[1]
 
 
@@ -132,6 +132,11 @@ def test_pyfunc_translates_like_translate_py(store):
     # Nothing to translate (invisible characters that strip() keeps, DEL, NUL): "" without decoding
     nothing = ["\u200b", "\ufeff", "\u200e\u200f", "\x7f", "\u2060", "\x00"]
     assert model.predict(nothing + [SOURCES[0]]) == [""] * len(nothing) + [store["expected"][0]]
+    # An input of several sentences: each translated, joined with the input's own separators
+    both = f"{SOURCES[0]}  {SOURCES[1]}\n{SOURCES[2]}"
+    assert model.predict([both]) == [
+        f"{store['expected'][0]}  {store['expected'][1]}\n{store['expected'][2]}"
+    ]
     assert model.metadata.metadata["max_input_chars"] == MAX_CHARS
     assert model.metadata.get_input_schema().input_types()[0].name == "string"
     assert model.metadata.get_input_schema().input_names() == ["text"]  # one column, named text
@@ -142,13 +147,28 @@ def test_pyfunc_returns_alignments_only_when_asked(store):
     params = model.metadata.get_params_schema().params
     assert [(p.name, p.dtype.name, p.default) for p in params] == [
         ("alignments", "boolean", False),
+        ("details", "boolean", False),
         ("engine", "string", "torch"),
         ("beam_size", "long", DECODING["beam_size"]),  # the export's
     ]
-    expected = [a.as_json() for a in Translator(store["export_dir"]).align(SOURCES[:2])]
+    expected = [t.as_json() for t in Translator(store["export_dir"]).align(SOURCES[:2])]
     assert model.predict(SOURCES[:2], params={"alignments": True}) == expected
-    assert [a["translation"] for a in expected] == store["expected"][:2]
+    assert [t["translation"] for t in expected] == store["expected"][:2]
+    assert [[s["translation"] for s in t["sentences"]] for t in expected] == [
+        [e] for e in store["expected"][:2]
+    ]
     assert model.predict(SOURCES[:2], params={"alignments": False}) == store["expected"][:2]
+    # details: each input's sentences and their translations, without the attention
+    two = f"{SOURCES[0]} {SOURCES[1]}"
+    assert model.predict([two], params={"details": True}) == [
+        {
+            "translation": f"{store['expected'][0]} {store['expected'][1]}",
+            "sentences": [
+                {"source": SOURCES[0], "translation": store["expected"][0]},
+                {"source": SOURCES[1], "translation": store["expected"][1]},
+            ],
+        }
+    ]
 
 
 def test_pyfunc_refuses_input_over_the_limit(store):
@@ -180,7 +200,7 @@ def test_export_stores_the_request_limits(store):
 def test_check_request_names_the_problem_and_decodes_nothing(store, monkeypatch):
     tr = Translator(store["export_dir"])
     tr.max_request_chars = 2000  # 32 sentences of 80 characters cannot reach the default 4,000
-    monkeypatch.setattr(tr, "_decode", lambda s: pytest.fail("decoded a refused request"))
+    monkeypatch.setattr(tr, "_decode", lambda *a: pytest.fail("decoded a refused request"))
     cases = [
         ([], EmptyRequestError, "the request has no sentences (an empty list); send at least one"),
         ("A dog.", InvalidRequestError, "expected a list of sentences (strings), got str"),
@@ -273,16 +293,20 @@ def test_mlflow_models_serve_answers_requests(store, served):
     assert status == 200, body
     assert body == {"predictions": store["expected"] + [""]}
 
-    status, body = post(f"{base}/invocations", {"inputs": SOURCES[:2], "params": {"alignments": True}})
+    two = [f"{SOURCES[0]} {SOURCES[1]}", SOURCES[2]]  # two sentences in the first input
+    status, body = post(f"{base}/invocations", {"inputs": two, "params": {"alignments": True}})
     assert status == 200, body
-    expected = [a.as_json() for a in Translator(store["export_dir"]).align(SOURCES[:2])]
-    assert [a["translation"] for a in body["predictions"]] == store["expected"][:2]
-    for got, want in zip(body["predictions"], expected):  # JSON floats: equal to float32 eps
-        assert {k: v for k, v in got.items() if k not in ("alignment", "attention")} == {
-            k: v for k, v in want.items() if k not in ("alignment", "attention")
-        }
-        for key in ("alignment", "attention"):
-            assert torch.allclose(torch.tensor(got[key]), torch.tensor(want[key]), atol=1e-7)
+    expected = [t.as_json() for t in Translator(store["export_dir"]).align(two)]
+    want = store["expected"]
+    assert [t["translation"] for t in body["predictions"]] == [f"{want[0]} {want[1]}", want[2]]
+    assert [[s["source"] for s in t["sentences"]] for t in body["predictions"]] == [SOURCES[:2], SOURCES[2:3]]
+    for got_input, want_input in zip(body["predictions"], expected):
+        for got, want in zip(got_input["sentences"], want_input["sentences"]):  # JSON floats: float32 eps
+            assert {k: v for k, v in got.items() if k not in ("alignment", "attention")} == {
+                k: v for k, v in want.items() if k not in ("alignment", "attention")
+            }
+            for key in ("alignment", "attention"):
+                assert torch.allclose(torch.tensor(got[key]), torch.tensor(want[key]), atol=1e-7)
 
     status, body = post(f"{base}/invocations", {"inputs": SOURCES, "params": {"engine": "ctranslate2"}})
     assert status == 200, body
@@ -303,7 +327,8 @@ def test_mlflow_models_serve_answers_requests(store, served):
 # --- The signature: one string column `text`, the declared params, nothing else -------------
 
 ACCEPTED = (
-    "this model accepts alignments (true or false, default false), engine (a string, default "
+    "this model accepts alignments (true or false, default false), details (true or false, default "
+    "false), engine (a string, default "
     "'torch'), beam_size (an integer, default 3)"
 )
 ONE_COLUMN = "this model takes one string column, named 'text'"
