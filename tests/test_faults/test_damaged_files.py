@@ -40,10 +40,6 @@ UNASSIGNED = "issue 37, no fix assigned"
 KNOWN = {
     "truncate:checkpoints/transformer/best.ckpt": f"{MESSAGE_ONLY} (attnlab.checkpoint.CheckpointError)",
     "zero:checkpoints/transformer/best.ckpt": f"{MESSAGE_ONLY} (attnlab.checkpoint.CheckpointError)",
-    "flip:checkpoints/transformer/last.ckpt": (
-        f"{MESSAGE_ONLY} (NonFiniteLossError: the damaged weights are resumed, the loss is NaN at "
-        "step 5, and the error blames the learning rate and calls last.ckpt 'the last good checkpoint')"
-    ),
     **{
         f"{kind}:runs/transformer.json": f"{UNASSIGNED}: read_run_record gives {error} as a traceback"
         for kind, error in (
