@@ -87,6 +87,51 @@ def test_truncated_checkpoint_is_a_checkpoint_error(nw_checkpoint, tmp_path):
             load_net(tmp_path / name)
 
 
+def _flip_the_largest_record(path, out):
+    """A copy of the torch.save archive ``path`` at ``out`` with the first byte of its largest
+    tensor's data inverted (a tensor's bytes, as a bad disk or copy changes them); its name."""
+    import zipfile
+
+    with zipfile.ZipFile(path) as archive:
+        tensors = [i for i in archive.infolist() if "/data/" in i.filename]  # not data.pkl
+        info = max(tensors, key=lambda i: i.file_size)
+    data = bytearray(path.read_bytes())
+    name_len, extra_len = (
+        int.from_bytes(data[info.header_offset + 26 : info.header_offset + 28], "little"),
+        (int.from_bytes(data[info.header_offset + 28 : info.header_offset + 30], "little")),
+    )
+    start = info.header_offset + 30 + name_len + extra_len  # the local header, then the data
+    data[start] ^= 0xFF
+    out.write_bytes(bytes(data))
+    return info.filename
+
+
+def test_a_checkpoint_whose_bytes_changed_is_refused_by_its_crc(nw_checkpoint, tmp_path):
+    """torch.load reads a tensor whose bytes changed without a word; the archive's CRC-32 does not."""
+    from attnlab.checkpoint import changed_record
+    from attnlab.lit.resume import find_resume_point
+
+    path = nw_checkpoint[0]
+    assert changed_record(path) is None
+    record = _flip_the_largest_record(path, tmp_path / "best.ckpt")
+    assert changed_record(tmp_path / "best.ckpt") == record
+    torch.load(tmp_path / "best.ckpt", map_location="cpu", weights_only=True)  # what torch does
+    with pytest.raises(CheckpointError) as e:
+        load_net(tmp_path / "best.ckpt")
+    assert str(e.value) == (
+        f"{tmp_path / 'best.ckpt'} is damaged: the bytes of its record {record} changed after it was "
+        "written (their CRC-32 does not match); retrain with `python src/train.py` or copy the file again"
+    )
+    # the same bytes as training's last.ckpt: not resumed, said why
+    (tmp_path / "best.ckpt").rename(tmp_path / "last.ckpt")
+    point, why = find_resume_point(tmp_path, "any fingerprint")
+    assert point is None
+    assert why == (
+        f"ignoring {tmp_path / 'last.ckpt'}: not a resumable checkpoint (ValueError: the bytes of its "
+        f"record {record} changed after it was written); starting afresh"
+    )
+
+
 def test_a_stage_given_another_corpus_than_the_checkpoint_trained_on_is_refused(tmp_path):
     """evaluate and export read the tokenized folder of the config they are given: another
     corpus's (the default Multi30k's, for a model of a user's zh-en corpus) would score the

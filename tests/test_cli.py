@@ -81,6 +81,11 @@ def main(cfg):
         raise ConfigError("action=refuse cannot work here; set action=ok")
     if cfg.action == "bug":
         {}["a key no one set"]
+    if cfg.action == "ctrl-c":
+        import os, signal
+
+        os.kill(os.getpid(), signal.SIGINT)  # as a terminal's Ctrl-C
+        signal.pause()
     print("done", cfg.action)
 
 
@@ -127,6 +132,16 @@ def test_a_bug_keeps_its_traceback(tmp_path):
     assert done.returncode == 1
     assert "Traceback (most recent call last):" in done.stderr
     assert "KeyError: 'a key no one set'" in done.stderr
+
+
+def test_ctrl_c_is_one_line_and_status_130(tmp_path):
+    done = _toy(tmp_path, "action=ctrl-c", "hydra.run.dir=run")
+    assert done.returncode == 130
+    assert done.stderr.strip() == (
+        "toy: stopped by Ctrl-C before it finished; every file it was writing is as it was. Run "
+        "the same command (or `dvc repro`) again to finish"
+    )
+    assert "KeyboardInterrupt" in (tmp_path / "run/app.log").read_text()  # the trace, for a bug report
 
 
 def test_a_ddp_rank_other_than_0_names_itself(tmp_path):

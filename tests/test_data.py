@@ -228,6 +228,38 @@ def test_missing_split_names_the_stage(tmp_path):
         load_split(tmp_path / "train")
 
 
+def test_a_damaged_split_array_is_named_with_the_stage_to_rerun(tmp_path):
+    """Cut short, zero-filled, offsets out of order, or an id past the vocabulary (bytes flipped
+    in the ids): DamagedFileError naming the file, never numpy's or torch's error."""
+    from attnlab.data.tokenizer import write_split
+    from attnlab.errors import DamagedFileError
+
+    prefix = tmp_path / "train"
+    write_split(prefix, [[4, 5, 6], [7]], [[8], [9, 10]])
+    ids, offsets = tmp_path / "train.src.ids.npy", tmp_path / "train.src.offsets.npy"
+    whole = {p: p.read_bytes() for p in (ids, offsets)}
+    src, _ = load_split(prefix, (11, 11))
+    assert [list(map(int, s)) for s in src] == [[4, 5, 6], [7]]
+    rerun = "run `python src/tokenize_data.py` (or `dvc repro tokenize`) with the same data= option again"
+    damages = [
+        (ids, whole[ids][:-6], f"{ids} is damaged (ValueError: "),  # cut short
+        (offsets, bytes(len(whole[offsets])), f"{offsets} is damaged (ValueError: "),  # zeros
+        # offsets [0, 3, 4] → [0, 4, 3]: every bound in range, the order not
+        (offsets, whole[offsets][:-16] + np.array([4, 3], "<i8").tobytes(), f"{offsets} does not fit {ids}"),
+        (ids, whole[ids][:-4] + np.array([11], "<i4").tobytes(), f"{ids} is damaged: it holds the id 11"),
+        (ids, whole[ids][:-4] + np.array([-7], "<i4").tobytes(), f"{ids} is damaged: it holds the id -7"),
+    ]
+    for path, data, message in damages:
+        path.write_bytes(data)
+        with pytest.raises(DamagedFileError) as e:
+            load_split(prefix, (11, 11))
+        assert str(e.value).startswith(message) and str(e.value).endswith(rerun), str(e.value)
+        path.write_bytes(whole[path])
+    # without the vocabulary sizes (a length check) the ids are not read
+    ids.write_bytes(whole[ids][:-4] + np.array([11], "<i4").tobytes())
+    assert [list(map(int, s)) for s in load_split(prefix)[0]] == [[4, 5, 6], [11]]
+
+
 def test_sentencepiece_encode_sources_by_hand(sp):
     """Each sentence's pieces, <eos>, then <pad> to the longest + 1; valid lengths count the <eos>."""
     dog = [sp.piece_to_id(p) for p in ("▁A", "▁dog", ".")]

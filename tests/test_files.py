@@ -169,6 +169,28 @@ def test_a_previous_output_moved_aside_by_a_killed_run_is_put_back(old_out):
     assert files.remove_stale_staging(old_out) == [aside] and _tree(old_out) == before
 
 
+def test_a_write_removes_the_temp_files_of_killed_writers_of_that_file_only(tmp_path, caplog):
+    """SIGKILL between a temp file's write and its rename leaves the temp file; the next write
+    of the same file removes it, and keeps those of live writers, other hosts and other files."""
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait(timeout=30)
+    host, target = socket.gethostname(), tmp_path / "history.csv"
+    stale = tmp_path / f".history.csv.attnlab-{dead.pid}@{host}.k1ll3d.tmp"
+    kept = [
+        tmp_path / f".history.csv.attnlab-{os.getpid()}@{host}.l1ve.tmp",  # a live writer's
+        tmp_path / f".history.csv.attnlab-{dead.pid}@another-host.abcd.tmp",  # can't tell from here
+        tmp_path / f".metrics.json.attnlab-{dead.pid}@{host}.abcd.tmp",  # another file's
+        tmp_path / ".history.csv.abcd.tmp",  # not attnlab's
+    ]
+    for path in [stale, *kept]:
+        path.write_text("half")
+    with caplog.at_level("WARNING", logger="attnlab.files"):
+        files.write_text_atomic(target, "epoch\n")
+    assert target.read_text() == "epoch\n"
+    assert f"removed {stale}, left by a killed run (pid {dead.pid})" in caplog.text
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted(["history.csv", *(p.name for p in kept)])
+
+
 # --- a full disk: every writer leaves the old file whole and names the new one --------------
 
 NO_SPACE = "No space left on device: the disk is full"

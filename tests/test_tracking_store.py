@@ -7,6 +7,7 @@ nothing else may be touched: a shared store, another project's folders, a locati
 user changed.
 """
 
+import contextlib
 import json
 import multiprocessing
 import shutil
@@ -192,3 +193,80 @@ def test_a_damaged_store_file_is_named_with_the_fix_before_mlflow_opens_it(tmp_p
         check_store_file(uri)
     with pytest.raises(sqlite3.DatabaseError):  # what MLflow would have met
         sqlite3.connect(db).execute("select * from experiments").fetchall()
+
+
+KILLED_COMMIT = """
+import os, signal, sqlite3, sys
+con = sqlite3.connect(sys.argv[1], isolation_level=None)
+con.execute("PRAGMA cache_size=1")  # the cache spills: changed pages reach the file before the commit
+con.execute("BEGIN")
+con.execute("UPDATE t SET v = 'changed'")
+os.kill(os.getpid(), signal.SIGKILL)
+"""
+
+
+def test_a_store_with_a_damaged_page_is_named_and_a_killed_commit_is_rolled_back(tmp_path):
+    """A page in the middle of the file overwritten: SQLite's quick_check names it. A writer
+    killed mid-commit leaves a hot journal: not damage; the check rolls it back, as MLflow's
+    next write would, and the rows are as before the commit."""
+    import os
+    import sqlite3
+    import subprocess
+    import sys
+
+    from attnlab.tracking.store import TrackingStoreError, check_store_file
+
+    db = tmp_path / "mlflow.db"
+    uri = f"sqlite:///{db}"
+    with sqlite3.connect(db) as con:
+        con.execute("CREATE TABLE t (k INTEGER PRIMARY KEY, v TEXT)")
+        con.executemany("INSERT INTO t VALUES (?, ?)", [(i, f"row {i} " + "x" * 200) for i in range(2000)])
+    con.close()
+    whole = db.read_bytes()
+    assert len(whole) > 40 * 4096
+
+    subprocess.run([sys.executable, "-c", KILLED_COMMIT, str(db)], check=False)
+    journal = tmp_path / "mlflow.db-journal"
+    assert journal.stat().st_size > 0 and db.read_bytes() != whole  # pages changed, not committed
+    check_store_file(uri)
+    assert not journal.exists() or journal.stat().st_size == 0
+    with sqlite3.connect(db) as con:
+        assert con.execute("SELECT count(*) FROM t WHERE v = 'changed'").fetchone() == (0,)
+    con.close()
+
+    page = 20 * 4096  # a leaf page of t, far from the header and the schema
+    db.write_bytes(whole[:page] + os.urandom(4096) + whole[page + 4096 :])
+    with pytest.raises(TrackingStoreError, match=r"is damaged or not a database \(SQLite"):
+        check_store_file(uri)
+
+
+def test_a_new_store_is_built_aside_and_appears_whole(tmp_path, monkeypatch):
+    """MLflow builds a new mlflow.db in a dozen migrations; built in a temp file and linked
+    into place, a failure on the way (here: the disk full at the first write) leaves no file."""
+    import sqlite3
+
+    from attnlab.tracking.store import TrackingStoreError, check_store_file, create_store_file
+
+    db = tmp_path / "mlflow.db"
+    uri = f"sqlite:///{db}"
+    from mlflow.store.db import utils
+
+    def full(engine):  # the initial tables are there: the disk fills in the first migration
+        raise sqlite3.OperationalError("database or disk is full")
+
+    monkeypatch.setattr(utils, "_upgrade_db", full)
+    with pytest.raises(TrackingStoreError) as e:
+        create_store_file(uri)
+    assert str(e.value).startswith(f"could not create the MLflow store {db} (")
+    assert "database or disk is full" in str(e.value) and "nothing was left there" in str(e.value)
+    assert sorted(p.name for p in tmp_path.iterdir()) == []
+    monkeypatch.undo()
+
+    assert create_store_file(uri) is True
+    assert create_store_file(uri) is False  # there already
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["mlflow.db"]
+    with contextlib.closing(sqlite3.connect(db)) as con:
+        tables = {row[0] for row in con.execute("SELECT name FROM sqlite_master WHERE type='table'")}
+        assert {"experiments", "runs", "metrics", "params", "alembic_version"} <= tables
+        assert con.execute("SELECT name FROM experiments").fetchall() == [("Default",)]
+    check_store_file(uri)

@@ -96,6 +96,17 @@ def _saved_by_torch(path: Path) -> bool:
         return f.read(1) == b"\x80"
 
 
+def changed_record(path: Path) -> str | None:
+    """The first record of the ``torch.save`` zip archive ``path`` whose bytes no longer match
+    the CRC-32 the archive stores for it (bytes changed after the file was written, which
+    ``torch.load`` does not check); None when all match, or when ``path`` is no zip archive."""
+    try:
+        with zipfile.ZipFile(path) as archive:
+            return archive.testzip()
+    except (zipfile.BadZipFile, OSError, EOFError):
+        return None  # not a zip: torch.load names what it is
+
+
 def load_net(path: Path, expected_kind: str | None = None, tokenized_dir: Path | None = None) -> nn.Module:
     """The checkpoint's model (``attnlab.models``) in eval mode on the CPU.
 
@@ -110,8 +121,9 @@ def load_net(path: Path, expected_kind: str | None = None, tokenized_dir: Path |
             checked as :func:`check_trained_tokenizer` does; ``None``: not checked.
     Raises:
         TokenizerMismatchError: ``tokenized_dir`` is another corpus's (names both and the fix).
-        CheckpointError: missing file; a truncated or corrupt file, or one that is
-            no torch checkpoint; one holding objects ``weights_only=True`` refuses
+        CheckpointError: missing file; a truncated, corrupt or changed file (a record whose
+            CRC-32 fails), or one that is no torch checkpoint; one holding objects
+            ``weights_only=True`` refuses
             (e.g. OmegaConf configs); a foreign checkpoint; a model of another
             kind than ``expected_kind``; weights that do not fit the model; a model
             config naming a class other than attnlab's models (see
@@ -121,6 +133,11 @@ def load_net(path: Path, expected_kind: str | None = None, tokenized_dir: Path |
     path = Path(path)
     if not path.exists():
         raise CheckpointError(f"{path} not found; train first (`dvc repro` or `python src/train.py`)")
+    if (record := changed_record(path)) is not None:
+        raise CheckpointError(
+            f"{path} is damaged: the bytes of its record {record} changed after it was written "
+            "(their CRC-32 does not match); retrain with `python src/train.py` or copy the file again"
+        )
     try:
         ckpt = torch.load(path, map_location="cpu", weights_only=True)
     except pickle.UnpicklingError as e:

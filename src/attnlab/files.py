@@ -84,7 +84,8 @@ def _atomic_file(path: Path, binary: bool):
     """
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+        remove_stale_staging(path)  # the temp files of writers of ``path`` killed before
+        fd, tmp = tempfile.mkstemp(prefix=temp_prefix(path), suffix=".tmp", dir=path.parent)
     except OSError as e:
         raise write_error(path, e) from e
     try:
@@ -142,8 +143,9 @@ def write_npz_atomic(path: Path, **arrays) -> Path:
     return path
 
 
-def _staging_prefix(out: Path) -> str:
-    """The start of the name of a staging folder of ``out``: it names this process and host."""
+def temp_prefix(out: Path) -> str:
+    """The start of the name of a temp file or staging folder of ``out``: it names this
+    process and host, so a later run knows whether its writer is gone."""
     return f".{out.name}.attnlab-{os.getpid()}@{socket.gethostname()}."
 
 
@@ -157,22 +159,29 @@ def _alive(pid: int) -> bool:
     return True
 
 
-def remove_stale_staging(out: Path) -> list[Path]:
-    """Remove the staging folders of ``out`` that :func:`staged_dir` runs killed on this host
-    left (their process is gone); other folders, and those of live or other hosts' runs, stay.
+def remove_stale_staging(out: Path, suffix: str = ".tmp") -> list[Path]:
+    """Remove the temp files and staging folders of ``out`` that writers killed on this host
+    left (their process is gone); other files, and those of live or other hosts' runs, stay.
 
-    A killed run's ``….tmp`` folder is deleted. Its ``….tmp.old`` folder (killed between the two
+    A killed run's ``….tmp`` file (an atomic writer's; ``suffix``: a download's ``.part``) or
+    folder (:func:`staged_dir`'s) is deleted. Its ``….tmp.old`` folder (killed between the two
     renames) is the previous ``out``: put back when ``out`` is missing, else deleted. Each is
     logged. Returns the paths removed or put back.
     """
     out = Path(out)
-    pattern = re.compile(rf"^\.{re.escape(out.name)}\.attnlab-(\d+)@(.+)\.[^.]+\.tmp(\.old)?$")
+    pattern = re.compile(rf"^\.{re.escape(out.name)}\.attnlab-(\d+)@(.+)\.[^.]+{re.escape(suffix)}(\.old)?$")
     host, done = socket.gethostname(), []
     if not out.parent.is_dir():
         return done
     for path in sorted(out.parent.iterdir(), key=lambda p: p.name.endswith(".old")):  # .tmp first
         m = pattern.match(path.name)
-        if not m or m[2] != host or _alive(int(m[1])) or not path.is_dir():
+        if not m or m[2] != host or _alive(int(m[1])):
+            continue
+        if not path.is_dir():  # a writer's temp file: never the only copy of anything
+            if not m[3] and not path.is_symlink():
+                path.unlink(missing_ok=True)
+                log.warning("removed %s, left by a killed run (pid %s)", path, m[1])
+                done.append(path)
             continue
         if m[3] and not (out.exists() or out.is_symlink()):
             os.rename(path, out)
@@ -225,7 +234,7 @@ def staged_dir(out: Path):
     out = Path(out)
     out.parent.mkdir(parents=True, exist_ok=True)
     remove_stale_staging(out)
-    tmp = Path(tempfile.mkdtemp(prefix=_staging_prefix(out), suffix=".tmp", dir=out.parent))
+    tmp = Path(tempfile.mkdtemp(prefix=temp_prefix(out), suffix=".tmp", dir=out.parent))
     try:
         os.chmod(tmp, 0o755)  # mkdtemp makes 0700
         try:

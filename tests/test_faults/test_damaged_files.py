@@ -40,14 +40,6 @@ UNASSIGNED = "issue 37, no fix assigned"
 KNOWN = {
     "truncate:checkpoints/transformer/best.ckpt": f"{MESSAGE_ONLY} (attnlab.checkpoint.CheckpointError)",
     "zero:checkpoints/transformer/best.ckpt": f"{MESSAGE_ONLY} (attnlab.checkpoint.CheckpointError)",
-    "flip:checkpoints/transformer/last.ckpt": (
-        f"{MESSAGE_ONLY} (NonFiniteLossError: the damaged weights are resumed, the loss is NaN at "
-        "step 5, and the error blames the learning rate and calls last.ckpt 'the last good checkpoint')"
-    ),
-    "flip:mlflow.db": (
-        f"{UNASSIGNED}: check_store_file reads only the header and the schema version; a damaged "
-        "page gives MlflowException '(sqlite3.DatabaseError) database disk image is malformed' as a traceback"
-    ),
     **{
         f"{kind}:runs/transformer.json": f"{UNASSIGNED}: read_run_record gives {error} as a traceback"
         for kind, error in (
@@ -79,28 +71,7 @@ KNOWN = {
             ("zero", "Expecting value: line 1 column 1 (char 0)"),
         )
     },
-    **{
-        f"{kind}:{TOKENIZED}/{name}": (
-            f"{UNASSIGNED}: the tokenized arrays are not checked when loaded; {error} as a traceback"
-        )
-        for kind, name, error in (
-            ("truncate", "train.src.ids.npy", "ValueError: mmap length is greater than file size"),
-            (
-                "flip",
-                "train.src.ids.npy",
-                "IndexError: index out of range in self (a token id past the vocabulary)",
-            ),
-            ("zero", "train.src.ids.npy", "ValueError: This file contains pickled (object) data"),
-            ("truncate", "train.src.offsets.npy", "ValueError: mmap length is greater than file size"),
-            ("flip", "train.src.offsets.npy", "OSError: [Errno 22] Invalid argument"),
-            ("zero", "train.src.offsets.npy", "ValueError: This file contains pickled (object) data"),
-        )
-    },
     f"flip:{TOKENIZED}/test.src.txt": f"{MESSAGE_ONLY} (CorpusError: line 4 is not valid UTF-8)",
-    f"zero:{TOKENIZED}/test.src.txt": (
-        f"{UNASSIGNED}: 'ValueError: 1 hypotheses but 4 references' as a traceback, naming no file "
-        "(a source file of NUL bytes reads as one line)"
-    ),
 }
 
 

@@ -28,12 +28,6 @@ KNOWN = {
         "is full') only inside it; and PENDING MLflow models after an interrupted export: the "
         "logged model stays PENDING after the next export"
     ),
-    "disk-full@train:creating-the-store": (
-        "issue 37, no fix assigned: the disk fills while MLflow creates mlflow.db (its alembic "
-        "migrations, not one transaction on SQLite): 'database or disk is full' as a traceback, and "
-        "the half-migrated store then fails every later run ('duplicate column name: step') until "
-        "mlflow.db is deleted"
-    ),
     "disk-full@train:epoch-2-best.ckpt": (
         "issue 37, checkpoint writes beside the destination then rename: Lightning's fsspec "
         "transaction writes /tmp/tmpXXXX and shutil.move copies it over best.ckpt, which is left cut "

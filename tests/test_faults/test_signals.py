@@ -18,39 +18,8 @@ from test_faults.project import ORDER, STARTS
 
 pytestmark = pytest.mark.e2e
 
-CTRL_C = (
-    "issue 37, no fix assigned (the CLI helper's one wrapper, if it catches KeyboardInterrupt): "
-    "Ctrl-C prints a KeyboardInterrupt traceback and the process dies of SIGINT"
-)
-PENDING = (
-    "issue 37, PENDING MLflow models after an interrupted export: the logged model 'translator' "
-    "it was writing stays PENDING after the next export succeeds"
-)
 # Cases that fail today, each with what it showed; flip them as the fixes land.
-KNOWN = {
-    "interrupt@download": CTRL_C,
-    "interrupt@tokenize": CTRL_C,
-    "interrupt@evaluate": CTRL_C,
-    "interrupt@export": f"{CTRL_C}; {PENDING}",
-    "kill@export": PENDING,
-    "kill@download:before-rename": (
-        "issue 37, no fix assigned: a download killed before its rename leaves "
-        "data/raw/multi30k/.train.en.gz.<random>.part, which no later run removes"
-    ),
-    "kill@train:before-rename": (
-        "issue 37, no fix assigned: attnlab.files' atomic writer killed before its rename leaves "
-        "plots/transformer/.history.csv.<random>.tmp; the resumed run does not remove it"
-    ),
-    "kill@store-commit": (
-        "issue 37, no fix assigned: check_store_file opens mlflow.db read-only, which cannot roll "
-        "back the hot journal a killed commit leaves; it calls the whole store 'damaged or not a "
-        "database (SQLite: attempt to write a readonly database)' and advises moving it aside"
-    ),
-    "kill@evaluate:before-rename": (
-        "issue 37, no fix assigned: attnlab.files' atomic writer killed before its rename leaves "
-        "metrics/.transformer.hyp.txt.<random>.tmp, which no later run removes"
-    ),
-}
+KNOWN: dict[str, str] = {}
 
 
 def cases():

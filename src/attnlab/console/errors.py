@@ -14,6 +14,10 @@ as Hydra does for every error. Any other exception is a bug: Hydra prints its tr
 
 * In a DDP process other than rank 0 (Lightning starts them as copies of the command, the log
   file ``<app>_ddp_process_<rank>.log``) the line says its rank: ``train: rank 1: <message>``.
+* Ctrl-C (SIGINT) ends the app with one line, ``train: stopped by Ctrl-C …``, and exit status
+  130 (128 + SIGINT, as a shell reports a program Ctrl-C stopped), not a
+  ``KeyboardInterrupt`` traceback. Every file the project writes goes through
+  :mod:`attnlab.files`, so what was being written is left as it was.
 * In a multirun (``-m``) the failed job is recorded as Hydra records any failed job (the other
   jobs still run, the sweep's MLflow parent run is tagged), and the sweep ends with the message
   of the first failed job, without a traceback.
@@ -33,6 +37,7 @@ from hydra.errors import CompactHydraException
 from attnlab.errors import UserError
 
 F = TypeVar("F", bound=Callable)
+INTERRUPTED_STATUS = 130  # 128 + SIGINT: what a shell reports for a program Ctrl-C stopped
 FULL_ERROR_ENV = "HYDRA_FULL_ERROR"  # Hydra's own switch: "1" shows every traceback in full
 # The variables DDP launchers set, in the order Lightning reads them for the global rank.
 RANK_ENV = ("RANK", "LOCAL_RANK", "SLURM_PROCID", "JSM_NAMESPACE_RANK")
@@ -90,7 +95,8 @@ def user_errors(stage: str) -> Callable[[F], F]:
     Args:
         stage: the name the line starts with (``train``, ``tokenize``, ...).
     Raises:
-        SystemExit: status 1, the message (a single run).
+        SystemExit: status 1, the message (a single run); status 130 and one line after
+            Ctrl-C (a multirun too: Ctrl-C stops the whole sweep).
         JobError: from the user error, in a multirun.
         UserError: the error itself, with ``HYDRA_FULL_ERROR=1``.
     """
@@ -109,6 +115,17 @@ def user_errors(stage: str) -> Callable[[F], F]:
                 if _multirun():
                     raise JobError(message) from e
                 raise SystemExit(message) from None
+            except KeyboardInterrupt:
+                log_traceback(f"{stage}: stopped by Ctrl-C (SIGINT)")
+                if full_errors():
+                    raise
+                print(
+                    f"{stage}: stopped by Ctrl-C before it finished; every file it was writing is "
+                    "as it was. Run the same command (or `dvc repro`) again to finish",
+                    file=sys.stderr,
+                    flush=True,
+                )
+                raise SystemExit(INTERRUPTED_STATUS) from None
 
         return run  # type: ignore[return-value]
 

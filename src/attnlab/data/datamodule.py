@@ -148,7 +148,8 @@ class TranslationDataModule(pl.LightningDataModule):
 
                 self.splits[split] = ArrayDataset(load_arrays(self.dir / f"{split}.npz"))
             else:
-                src, tgt = load_split(self.dir / split)
+                vocab = (self.src_vocab_size or self.vocab_size, self.vocab_size)
+                src, tgt = load_split(self.dir / split, vocab)
                 self.splits[split] = PairDataset(src, tgt, self.max_len if split == "train" else None)
         return self.splits[split]
 

@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import NamedTuple
 
 from attnlab.errors import UserError
-from attnlab.files import write_error
+from attnlab.files import remove_stale_staging, temp_prefix, write_error
 
 MIRROR_ENV = "ATTNLAB_DATA_MIRROR"
 
@@ -121,7 +121,8 @@ def fetch(
         return Fetched(dest, downloaded=False)
     dest.parent.mkdir(parents=True, exist_ok=True)
     stream, origin = _open_source(relpath, url, mirror)
-    fd, tmp = tempfile.mkstemp(prefix=f".{dest.name}.", suffix=".part", dir=dest.parent)
+    remove_stale_staging(dest, suffix=".part")  # the .part files of downloads killed before
+    fd, tmp = tempfile.mkstemp(prefix=temp_prefix(dest), suffix=".part", dir=dest.parent)
     try:
         with stream, os.fdopen(fd, "wb") as out:
             _copy(stream, out, f"the transfer of {relpath} from {origin}")

@@ -539,15 +539,18 @@ def encode_split(sp: spm.SentencePieceProcessor, pairs: list[Pair], prefix: Path
     write_split(prefix, *encode_pairs(sp, pairs))
 
 
-def load_split(prefix: Path) -> tuple[PackedIds, PackedIds]:
+def load_split(prefix: Path, vocab_sizes: tuple[int, int] | None = None) -> tuple[PackedIds, PackedIds]:
     """The encoded split ``prefix`` (e.g. ``data/tokenized/multi30k-en-fr/train``),
     memory-mapped: (source ids, target ids), each a :class:`PackedIds` whose item i is
-    sentence i's id array (a view of the map). Nothing is read until used.
+    sentence i's id array (a view of the map). The offsets are read to check them; with
+    ``vocab_sizes`` (source, target) the ids too, a chunk at a time.
 
     Raises:
         FileNotFoundError: naming the stage to run when the split is missing (or is in the
             ``{split}.npz`` format of earlier versions).
-        ValueError: the arrays do not fit together (a damaged folder: re-run the stage).
+        DamagedFileError: a file that is no array of its kind, offsets that do not fit the
+            ids, or an id outside the vocabulary (a ``ValueError``; names the file and the
+            stage to re-run).
     """
     prefix = Path(prefix)
     files = split_files(prefix)
@@ -559,24 +562,57 @@ def load_split(prefix: Path) -> tuple[PackedIds, PackedIds]:
                 f"({prefix.name}.npz), not {missing[0].name}; {rerun} again"
             )
         raise MissingFileError(f"{missing[0]} not found; {rerun} first")
-    arrays = {k: np.load(p, mmap_mode="r") for k, p in files.items()}
+    arrays = {}
+    for key, path in files.items():
+        try:
+            arrays[key] = np.load(path, mmap_mode="r", allow_pickle=False)
+        except (OSError, ValueError, EOFError) as e:  # cut short, a damaged header, zeros
+            raise DamagedFileError(f"{path} is damaged ({type(e).__name__}: {e}); {rerun} again") from e
     sides = [PackedIds(arrays[f"{side}.ids"], arrays[f"{side}.offsets"]) for side in SIDES]
-    for side, packed in zip(SIDES, sides):
+    for i, (side, packed) in enumerate(zip(SIDES, sides)):
         off = packed.offsets
         if (
             packed.ids.dtype != np.int32
             or off.dtype != np.int64
+            or off.ndim != 1
             or len(off) < 1
+            or off[0] != 0
             or off[-1] != len(packed.ids)
+            or not _ascending(off)
         ):
             raise DamagedFileError(
                 f"{files[side + '.offsets']} does not fit {files[side + '.ids']}; {rerun} again"
+            )
+        if vocab_sizes is not None and (bad := _outside(packed.ids, vocab_sizes[i])) is not None:
+            raise DamagedFileError(
+                f"{files[side + '.ids']} is damaged: it holds the id {bad}, outside the vocabulary "
+                f"of {vocab_sizes[i]} pieces; {rerun} again"
             )
     if len(sides[0]) != len(sides[1]):
         raise DamagedFileError(
             f"{prefix}: {len(sides[0])} source but {len(sides[1])} target sentences; {rerun} again"
         )
     return sides[0], sides[1]
+
+
+_CHUNK = 1 << 22  # elements per read of a memory-mapped array (16 MiB of int32)
+
+
+def _ascending(offsets: np.ndarray) -> bool:
+    """Whether ``offsets`` never decreases, read a chunk at a time."""
+    return all(
+        bool(np.all(np.diff(offsets[start : start + _CHUNK + 1]) >= 0))
+        for start in range(0, max(len(offsets) - 1, 1), _CHUNK)
+    )
+
+
+def _outside(ids: np.ndarray, vocab_size: int) -> int | None:
+    """The first id of ``ids`` outside ``[0, vocab_size)``, read a chunk at a time; None if none."""
+    for start in range(0, len(ids), _CHUNK):
+        chunk = ids[start : start + _CHUNK]
+        if chunk.size and (int(chunk.min()) < 0 or int(chunk.max()) >= vocab_size):
+            return int(chunk[(chunk < 0) | (chunk >= vocab_size)][0])
+    return None
 
 
 # What stats.json says of the filtering rule.

@@ -17,7 +17,7 @@ from attnlab.data.corpora import read_lines
 from attnlab.data.synthetic import synthetic_from_config
 from attnlab.data.tokenizer import load_sentencepiece
 from attnlab.device import single_device
-from attnlab.errors import UserError
+from attnlab.errors import DamagedFileError, UserError
 from attnlab.inference.decoding import LENGTH_PENALTY, MAX_OUTPUT_LEN, require_bf16_units, translate_text
 from attnlab.inference.lengths import TEST_SIDES, check_splits_fit
 from attnlab.metrics import bleu_tokenizer, corpus_scores, sacrebleu_signatures
@@ -118,10 +118,14 @@ def evaluate_translation(cfg: DictConfig, net: Transformer | Bahdanau) -> Evalua
     net = net.to(device)
 
     def score(split: str) -> tuple[dict, list[str]]:
-        sources, references = (
-            read_lines(tok_dir / f"{split}.src.txt"),
-            read_lines(tok_dir / f"{split}.tgt.txt"),
-        )
+        src_path, tgt_path = tok_dir / f"{split}.src.txt", tok_dir / f"{split}.tgt.txt"
+        sources, references = read_lines(src_path), read_lines(tgt_path)
+        if len(sources) != len(references):  # the tokenize stage writes them line-aligned
+            raise DamagedFileError(
+                f"{src_path} has {len(sources)} lines but {tgt_path} has {len(references)}: one "
+                "is damaged (the tokenize stage writes them line for line); re-run it with "
+                f"`dvc repro tokenize` (or `python src/tokenize_data.py data={cfg.data.name}`)"
+            )
         hypotheses = translate_text(
             net.init_state,
             net.step,

@@ -23,7 +23,7 @@ import torch
 from omegaconf import DictConfig, OmegaConf
 from pytorch_lightning.callbacks import ModelCheckpoint
 
-from attnlab.checkpoint import TOKENIZER_KEY
+from attnlab.checkpoint import TOKENIZER_KEY, changed_record
 from attnlab.files import rebase
 
 LAST = "last"
@@ -113,6 +113,8 @@ def find_resume_point(
     if not path.exists():
         return None, ""
     try:
+        if (record := changed_record(path)) is not None:
+            raise ValueError(f"the bytes of its record {record} changed after it was written")
         ckpt = torch.load(path, map_location="cpu", weights_only=True)
         state = ckpt["callbacks"][ResumeState.__qualname__]
     except Exception as e:  # noqa: BLE001 - any unreadable checkpoint means: start afresh

@@ -18,7 +18,7 @@ from pathlib import Path
 
 from attnlab.console.errors import process_rank
 from attnlab.errors import DamagedFileError, MissingFileError, UserError
-from attnlab.files import rebase, write_json_atomic
+from attnlab.files import rebase, remove_stale_staging, temp_prefix, write_json_atomic
 
 log = logging.getLogger(__name__)
 
@@ -35,9 +35,11 @@ _SQLITE_HEADER = b"SQLite format 3\x00"  # the first 16 bytes of every SQLite 3 
 
 
 def check_store_file(tracking_uri: str) -> None:
-    """Refuse a local ``sqlite:////…`` store file that SQLite cannot open: damaged, truncated
-    or not a database, before MLflow's SQLAlchemy error does. A missing or empty file is
-    fine (MLflow creates the store); other stores are not checked.
+    """Refuse a local ``sqlite:////…`` store file that SQLite cannot read: damaged (SQLite's
+    ``PRAGMA quick_check`` of every page), truncated or not a database, before MLflow's
+    SQLAlchemy error does. A missing or empty file is fine (MLflow creates the store); other
+    stores are not checked. The file is opened for writing, so that the journal a writer
+    killed mid-commit left (``mlflow.db-journal``) is rolled back, as the next writer would.
 
     Raises:
         TrackingStoreError: names the file, what is wrong and how to go on.
@@ -52,8 +54,17 @@ def check_store_file(tracking_uri: str) -> None:
     why = None if header == _SQLITE_HEADER else "its first bytes are not SQLite's header"
     if why is None:
         try:
-            with closing(sqlite3.connect(f"file:{db}?mode=ro", uri=True)) as con:
-                con.execute("PRAGMA schema_version").fetchone()
+            # read-write where this user may write (a read-only copy is only read)
+            mode = "rw" if os.access(db, os.W_OK) and os.access(db.parent, os.W_OK) else "ro"
+            with closing(sqlite3.connect(f"file:{db}?mode={mode}", uri=True, timeout=30)) as con:
+                con.execute("PRAGMA schema_version").fetchone()  # rolls back a hot journal
+                found = [row[0] for row in con.execute("PRAGMA quick_check(3)")]
+            if found != ["ok"]:
+                why = "SQLite's quick_check: " + "; ".join(found)
+        except sqlite3.OperationalError as e:
+            if "locked" in str(e):
+                return  # another process writes it for over 30 s: not a damaged file
+            why = f"SQLite: {e}"
         except sqlite3.DatabaseError as e:
             why = f"SQLite: {e}"
     if why is not None:
@@ -114,8 +125,50 @@ def prepare_store(tracking_uri: str, artifact_location: str) -> None:
     check_store_file(tracking_uri)
     if process_rank() != 0:  # DDP: rank 0 re-points the store, the others never log artifacts
         return
+    create_store_file(tracking_uri)
     for old, new in rebase_moved_store(tracking_uri, artifact_location).items():
         log.warning("the project moved: MLflow artifact locations under %s now point at %s", old, new)
+
+
+def create_store_file(tracking_uri: str) -> bool:
+    """Create a missing (or empty) local ``sqlite:////…`` store whole: MLflow builds its tables
+    (a dozen migrations, not one transaction) in a temp file beside it, which is then linked
+    into place only if no other process made the store meanwhile. A full disk or a kill on the
+    way leaves no half-built ``mlflow.db``; the next call removes a killed call's temp file.
+
+    Returns:
+        True if this call created the store (False: it exists, or is not a local file).
+
+    Raises:
+        TrackingStoreError: MLflow could not build the store (a full disk: names the file and
+            the fix); nothing is left at its path.
+    """
+    db = _local_db(tracking_uri)
+    if db is None or (db.is_file() and db.stat().st_size > 0):
+        return False
+    from mlflow.tracking import MlflowClient
+
+    db.parent.mkdir(parents=True, exist_ok=True)
+    remove_stale_staging(db)
+    tmp = db.with_name(f"{temp_prefix(db)}{os.urandom(4).hex()}.tmp")
+    try:
+        MlflowClient(tracking_uri=f"sqlite:///{tmp}").search_experiments()  # builds every table
+        if db.exists() and db.stat().st_size == 0:
+            db.unlink()  # an empty file: MLflow would have built the store in it
+        os.link(tmp, db)  # never over a store another process made meanwhile
+    except FileExistsError:
+        return False
+    except Exception as e:  # any failure: nothing half-built stays
+        cause = (str(e).splitlines() or [""])[0]
+        raise TrackingStoreError(
+            f"could not create the MLflow store {db} ({type(e).__name__}: {cause}); "
+            f"nothing was left there. If the disk is full, free space on the disk that holds "
+            f"{db.parent} (`df -h {db.parent}`); then run the same command"
+        ) from e
+    finally:
+        for leftover in (tmp, tmp.with_name(tmp.name + "-journal")):
+            leftover.unlink(missing_ok=True)
+    return True
 
 
 def _local_db(uri: str) -> Path | None:
