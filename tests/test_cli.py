@@ -81,6 +81,11 @@ def main(cfg):
         raise ConfigError("action=refuse cannot work here; set action=ok")
     if cfg.action == "bug":
         {}["a key no one set"]
+    if cfg.action == "full":  # a library meets a full disk (MLflow's SQLite, say), wrapped
+        try:
+            raise OSError(28, "No space left on device", "mlflow.db")
+        except OSError as e:
+            raise RuntimeError("(raised as a result of Query-invoked autoflush)") from e
     if cfg.action == "ctrl-c":
         import os, signal
 
@@ -142,6 +147,13 @@ def test_ctrl_c_is_one_line_and_status_130(tmp_path):
         "the same command (or `dvc repro`) again to finish"
     )
     assert "KeyboardInterrupt" in (tmp_path / "run/app.log").read_text()  # the trace, for a bug report
+
+
+def test_a_full_disk_met_by_a_library_is_one_line(tmp_path):
+    assert refusal(_toy(tmp_path, "action=full", "hydra.run.dir=run")) == (
+        "toy: the disk is full (No space left on device: mlflow.db); what was being written is as "
+        "it was. Free space on that disk (`df -h .`), then run the same command (or `dvc repro`) again"
+    )
 
 
 def test_a_ddp_rank_other_than_0_names_itself(tmp_path):

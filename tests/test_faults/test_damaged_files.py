@@ -33,46 +33,8 @@ FILES = {
     "data/raw/multi30k/train.en.gz": ("tokenize", "downloaded"),
 }
 
-MESSAGE_ONLY = "issue 37, message-only errors: the error names the file but comes as a traceback"
-EXPORT = "issue 37, damaged export files named (with a fallback)"
-UNASSIGNED = "issue 37, no fix assigned"
-# Cases that fail today, each with what it showed; flip them as the fixes land.
-KNOWN = {
-    "truncate:checkpoints/transformer/best.ckpt": f"{MESSAGE_ONLY} (attnlab.checkpoint.CheckpointError)",
-    "zero:checkpoints/transformer/best.ckpt": f"{MESSAGE_ONLY} (attnlab.checkpoint.CheckpointError)",
-    **{
-        f"{kind}:runs/transformer.json": f"{UNASSIGNED}: read_run_record gives {error} as a traceback"
-        for kind, error in (
-            ("truncate", "json.decoder.JSONDecodeError"),
-            ("flip", "UnicodeDecodeError"),
-            ("zero", "json.decoder.JSONDecodeError"),
-        )
-    },
-    **{
-        f"{kind}:models/transformer/{name}": f"{EXPORT}: a traceback ({error})"
-        for kind in ("truncate", "zero")
-        for name, error in (
-            ("step.pt2", "RuntimeError: PytorchStreamReader failed reading zip archive"),
-            ("init_state.pt2", "RuntimeError: PytorchStreamReader failed reading zip archive"),
-            ("attention.pt2", "RuntimeError: PytorchStreamReader failed reading zip archive"),
-            ("spm.model", "RuntimeError: INTERNAL: could not parse ModelProto"),
-        )
-    },
-    "flip:models/transformer/spm.model": (
-        f"{EXPORT}: a traceback (RuntimeError: INTERNAL: precompiled_charsmap is invalid)"
-    ),
-    **{
-        f"{kind}:models/transformer/config.json": (
-            f"{EXPORT}: one line, but it names no file ('translate: {error}')"
-        )
-        for kind, error in (
-            ("truncate", "Expecting value: line 33 column 15 (char 914)"),
-            ("flip", "'utf-8' codec can't decode byte 0x9e in position 949"),
-            ("zero", "Expecting value: line 1 column 1 (char 0)"),
-        )
-    },
-    f"flip:{TOKENIZED}/test.src.txt": f"{MESSAGE_ONLY} (CorpusError: line 4 is not valid UTF-8)",
-}
+# Cases that fail today, each with what it showed (none now); add one when a fault breaks.
+KNOWN: dict[str, str] = {}
 
 
 def cases():

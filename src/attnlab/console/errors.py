@@ -14,6 +14,11 @@ as Hydra does for every error. Any other exception is a bug: Hydra prints its tr
 
 * In a DDP process other than rank 0 (Lightning starts them as copies of the command, the log
   file ``<app>_ddp_process_<rank>.log``) the line says its rank: ``train: rank 1: <message>``.
+* A full disk (or quota) that a library meets on its own (MLflow writing ``mlflow.db`` or
+  ``mlruns/``: SQLite's "database or disk is full", an ``OSError`` ENOSPC, EDQUOT or EFBIG
+  anywhere in the exception's chain) ends the app with one line that says so, like a user's
+  error: nothing the project writes itself is left half-written (:mod:`attnlab.files`), and
+  SQLite rolls back what it had not committed.
 * Ctrl-C (SIGINT) ends the app with one line, ``train: stopped by Ctrl-C …``, and exit status
   130 (128 + SIGINT, as a shell reports a program Ctrl-C stopped), not a
   ``KeyboardInterrupt`` traceback. Every file the project writes goes through
@@ -25,6 +30,7 @@ as Hydra does for every error. Any other exception is a bug: Hydra prints its tr
 
 from __future__ import annotations
 
+import errno
 import functools
 import logging
 import os
@@ -87,6 +93,33 @@ def log_traceback(message: str) -> list[str]:
     return written
 
 
+_NO_ROOM = {
+    errno.ENOSPC: "the disk is full",
+    errno.EDQUOT: "the disk quota is used up",
+    errno.EFBIG: "a file would be larger than the system allows",
+}
+_SQLITE_FULL = "database or disk is full"  # SQLITE_FULL's message
+
+
+def disk_full(error: BaseException) -> str | None:
+    """What ``error`` says of a full disk, if anything in its chain (``__cause__``,
+    ``__context__``, SQLAlchemy's ``orig``) is one: ``"the disk is full (No space left on
+    device: …)"``; None otherwise."""
+    seen, todo = set(), [error]
+    while todo:
+        e = todo.pop()
+        if e is None or id(e) in seen:
+            continue
+        seen.add(id(e))
+        if isinstance(e, OSError) and e.errno in _NO_ROOM:
+            where = f": {e.filename}" if e.filename else ""
+            return f"{_NO_ROOM[e.errno]} ({e.strerror}{where})"
+        if _SQLITE_FULL in str(e).lower():
+            return f"the disk is full (SQLite: {_SQLITE_FULL})"
+        todo += [e.__cause__, e.__context__, getattr(e, "orig", None)]
+    return None
+
+
 def user_errors(stage: str) -> Callable[[F], F]:
     """Decorate a Hydra app's task function (under ``@hydra.main``): a
     :class:`~attnlab.errors.UserError` it raises ends the app with ``<stage>: <message>`` (see
@@ -109,6 +142,22 @@ def user_errors(stage: str) -> Callable[[F], F]:
             except UserError as e:
                 rank = process_rank()
                 message = f"{stage}: {e}" if rank == 0 else f"{stage}: rank {rank}: {e}"
+                if (full := disk_full(e)) is not None and full not in message:
+                    message += f" (the cause: {full})"  # a wrapped store error, say
+                log_traceback(message)
+                if full_errors():
+                    raise
+                if _multirun():
+                    raise JobError(message) from e
+                raise SystemExit(message) from None
+            except Exception as e:
+                full = disk_full(e)
+                if full is None:
+                    raise  # a bug: Hydra prints its traceback
+                message = (
+                    f"{stage}: {full}; what was being written is as it was. Free space on that "
+                    "disk (`df -h .`), then run the same command (or `dvc repro`) again"
+                )
                 log_traceback(message)
                 if full_errors():
                     raise
