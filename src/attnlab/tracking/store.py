@@ -125,7 +125,6 @@ def prepare_store(tracking_uri: str, artifact_location: str) -> None:
     check_store_file(tracking_uri)
     if process_rank() != 0:  # DDP: rank 0 re-points the store, the others never log artifacts
         return
-    create_store_file(tracking_uri)
     for old, new in rebase_moved_store(tracking_uri, artifact_location).items():
         log.warning("the project moved: MLflow artifact locations under %s now point at %s", old, new)
 
