@@ -36,7 +36,7 @@ class FileWriteError(UserError, OSError):
 
 
 # What a failed write's errno means for the user, when it is about room on the disk.
-_NO_ROOM = {
+NO_ROOM = {
     errno.ENOSPC: "the disk is full",
     errno.EDQUOT: "the disk quota is used up",
     errno.EFBIG: "the file would be larger than the system allows this process",
@@ -47,10 +47,10 @@ def write_error(path: Path, e: OSError) -> FileWriteError:
     """The :class:`FileWriteError` for ``e``, raised while ``path`` was written atomically."""
     path = Path(path)
     before = "it is as it was" if path.exists() else "no file was left there"
-    cause = f"{e.strerror or e}" + (f": {_NO_ROOM[e.errno]}" if e.errno in _NO_ROOM else "")
+    cause = f"{e.strerror or e}" + (f": {NO_ROOM[e.errno]}" if e.errno in NO_ROOM else "")
     fix = (
         f"free space on the disk that holds {path.parent} (`df -h {path.parent}`)"
-        if e.errno in _NO_ROOM
+        if e.errno in NO_ROOM
         else f"check that {path.parent} is writable"
     )
     err = FileWriteError(f"could not write {path} ({cause}); {before}. To go on, {fix}")
@@ -241,7 +241,7 @@ def staged_dir(out: Path):
             yield tmp
             _fsync_tree(tmp)
         except OSError as e:
-            if e.errno not in _NO_ROOM:
+            if e.errno not in NO_ROOM:
                 raise  # (an inner writer's FileWriteError named a file of the staging folder)
             shutil.rmtree(tmp, ignore_errors=True)  # first: what it took of a full disk is free again
             raise write_error(out, e) from e

@@ -30,7 +30,6 @@ as Hydra does for every error. Any other exception is a bug: Hydra prints its tr
 
 from __future__ import annotations
 
-import errno
 import functools
 import logging
 import os
@@ -41,6 +40,7 @@ from typing import TypeVar
 from hydra.errors import CompactHydraException
 
 from attnlab.errors import UserError
+from attnlab.files import NO_ROOM
 
 F = TypeVar("F", bound=Callable)
 INTERRUPTED_STATUS = 130  # 128 + SIGINT: what a shell reports for a program Ctrl-C stopped
@@ -93,11 +93,6 @@ def log_traceback(message: str) -> list[str]:
     return written
 
 
-_NO_ROOM = {
-    errno.ENOSPC: "the disk is full",
-    errno.EDQUOT: "the disk quota is used up",
-    errno.EFBIG: "a file would be larger than the system allows",
-}
 _SQLITE_FULL = "database or disk is full"  # SQLITE_FULL's message
 
 
@@ -111,13 +106,25 @@ def disk_full(error: BaseException) -> str | None:
         if e is None or id(e) in seen:
             continue
         seen.add(id(e))
-        if isinstance(e, OSError) and e.errno in _NO_ROOM:
+        if isinstance(e, OSError) and e.errno in NO_ROOM:
             where = f": {e.filename}" if e.filename else ""
-            return f"{_NO_ROOM[e.errno]} ({e.strerror}{where})"
+            return f"{NO_ROOM[e.errno]} ({e.strerror}{where})"
         if _SQLITE_FULL in str(e).lower():
             return f"the disk is full (SQLite: {_SQLITE_FULL})"
         todo += [e.__cause__, e.__context__, getattr(e, "orig", None)]
     return None
+
+
+def _end(message: str, error: BaseException) -> None:
+    """End the app on ``error`` with ``message`` (called inside its ``except``): the traceback
+    to the log; then the error itself (``HYDRA_FULL_ERROR=1``), a :class:`JobError` (multirun)
+    or ``SystemExit(message)``."""
+    log_traceback(message)
+    if full_errors():
+        raise error
+    if _multirun():
+        raise JobError(message) from error
+    raise SystemExit(message) from None
 
 
 def user_errors(stage: str) -> Callable[[F], F]:
@@ -144,26 +151,16 @@ def user_errors(stage: str) -> Callable[[F], F]:
                 message = f"{stage}: {e}" if rank == 0 else f"{stage}: rank {rank}: {e}"
                 if (full := disk_full(e)) is not None and full not in message:
                     message += f" (the cause: {full})"  # a wrapped store error, say
-                log_traceback(message)
-                if full_errors():
-                    raise
-                if _multirun():
-                    raise JobError(message) from e
-                raise SystemExit(message) from None
+                _end(message, e)
             except Exception as e:
                 full = disk_full(e)
                 if full is None:
                     raise  # a bug: Hydra prints its traceback
-                message = (
+                _end(
                     f"{stage}: {full}; what was being written is as it was. Free space on that "
-                    "disk (`df -h .`), then run the same command (or `dvc repro`) again"
+                    "disk (`df -h .`), then run the same command (or `dvc repro`) again",
+                    e,
                 )
-                log_traceback(message)
-                if full_errors():
-                    raise
-                if _multirun():
-                    raise JobError(message) from e
-                raise SystemExit(message) from None
             except KeyboardInterrupt:
                 log_traceback(f"{stage}: stopped by Ctrl-C (SIGINT)")
                 if full_errors():
