@@ -42,7 +42,7 @@ from attnlab.lit.checkpoints import TrainingCheckpoints
 from attnlab.lit.history import EpochHistoryLogger
 from attnlab.lit.init_from import start_from_parent
 from attnlab.lit.resume import ResumeState, config_fingerprint, find_resume_point
-from attnlab.tracking.store import prepare_store, write_run_record
+from attnlab.tracking.store import create_store_file, prepare_store, write_run_record
 from attnlab.tracking.sweep import sweep_job
 
 log = logging.getLogger("train")
@@ -68,6 +68,9 @@ def main(cfg: DictConfig) -> None:
     # The model's task (conf/model/<model>.yaml: task.module) builds its module and data.
     # every split fits the model before anything trains (attnlab.inference.lengths)
     module, loaders = get_class(cfg.model.task.module).from_config(cfg)
+    # the first run of a project builds its MLflow store whole, aside (after the checks above:
+    # a fresh clone that must tokenize first is told so, and left without a store)
+    create_store_file(cfg.mlflow.tracking_uri)
     fingerprint = config_fingerprint(cfg)
     # a checkpoint of this config on a corpus tokenized anew since (same folder) is not resumed
     resume, why = find_resume_point(checkpoints.folder, fingerprint, tokenizer_record(cfg.paths.tokenized))

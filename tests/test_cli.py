@@ -86,6 +86,19 @@ def main(cfg):
             raise OSError(28, "No space left on device", "mlflow.db")
         except OSError as e:
             raise RuntimeError("(raised as a result of Query-invoked autoflush)") from e
+    if cfg.action == "mlflow-full":  # MLflow logs the SQLite error, traceback and all, then re-raises
+        import logging
+
+        import mlflow  # noqa: F401 - its own console handler, as in the stages
+
+        from attnlab.console import logs
+
+        logs.setup()
+        try:
+            raise OSError(28, "No space left on device", "mlflow.db")
+        except OSError:
+            logging.getLogger("mlflow.store.db.utils").exception("SQLAlchemy database error.")
+            raise
     if cfg.action == "ctrl-c":
         import os, signal
 
@@ -154,6 +167,14 @@ def test_a_full_disk_met_by_a_library_is_one_line(tmp_path):
         "toy: the disk is full (No space left on device: mlflow.db); what was being written is as "
         "it was. Free space on that disk (`df -h .`), then run the same command (or `dvc repro`) again"
     )
+
+
+def test_mlflows_own_log_of_a_full_disk_goes_to_the_log_file_only(tmp_path):
+    done = _toy(tmp_path, "action=mlflow-full", "hydra.run.dir=run")
+    assert refusal(done).startswith("toy: the disk is full (No space left on device: mlflow.db)")
+    assert len(done.stderr.strip().splitlines()) == 1, done.stderr  # MLflow's line and trace: not here
+    log = (tmp_path / "run/app.log").read_text()
+    assert "SQLAlchemy database error.\nTraceback (most recent call last):" in log
 
 
 def test_a_ddp_rank_other_than_0_names_itself(tmp_path):
@@ -248,3 +269,17 @@ def test_tokenize_and_download_refuse_in_one_line(tmp_path):
         f"download: {mirror}/multi30k/train.en.gz not found in the mirror ATTNLAB_DATA_MIRROR={mirror}; "
         "the mirror must be laid out like ../shared/data"
     )
+
+
+def test_a_librarys_error_quoted_in_ours_is_its_first_line():
+    """SQLAlchemy's message goes on with the SQL, its parameters and a link: quoted, one line."""
+    import sqlalchemy
+
+    from attnlab.errors import brief
+
+    engine = sqlalchemy.create_engine("sqlite://")
+    with pytest.raises(sqlalchemy.exc.OperationalError) as caught, engine.connect() as con:
+        con.execute(sqlalchemy.text("SELECT x FROM runs WHERE y = :y"), {"y": 1})
+    assert "[SQL: SELECT x FROM runs WHERE y = ?]" in str(caught.value)
+    assert brief(caught.value) == "OperationalError: (sqlite3.OperationalError) no such table: runs"
+    assert brief(KeyError()) == "KeyError"

@@ -170,3 +170,54 @@ def test_a_rank_with_only_a_repeated_batch_counts_nothing(project):
         assert r["pairs"] == NUM_VAL
         assert r["metrics"]["val_loss"] == pytest.approx(single["metrics"]["val_loss"], rel=1e-6, abs=0)
         assert r["metrics"]["val_bleu"] == pytest.approx(single["metrics"]["val_bleu"], rel=1e-12, abs=0)
+
+
+# --- the image models and Nadaraya–Watson: in-memory splits shared out by RankShard ------------
+
+TASKS = {
+    "vit": ["model=vit", "data.subset=50", "model.batch_size=8"],  # 50 val images: 17, 17, 16
+    "nw": ["model=nw"],  # D2L's 50 test points, one batch per rank
+}
+
+
+def _task_scores(root: Path, overrides: list[str], devices: int) -> list[dict]:
+    out = root / f"{devices}_ranks"
+    out.mkdir()
+    (out / "overrides.json").write_text(json.dumps([*overrides, "device=cpu", f"paths.root={root}"]))
+    _run(["tests/helpers/task_val_scorer.py", str(out / "overrides.json"), str(out), str(devices)])
+    return [json.loads((out / f"rank{r}.json").read_text()) for r in range(devices)]
+
+
+@pytest.mark.parametrize("task", list(TASKS))
+def test_the_image_and_nw_models_score_each_val_item_once_on_3_ranks(tmp_path, task):
+    from hydra import compose, initialize_config_dir
+    from hydra.utils import get_class
+
+    with initialize_config_dir(config_dir=str(ROOT / "conf"), version_base="1.3"):
+        cfg = compose(config_name="config", overrides=[*TASKS[task], f"paths.root={tmp_path}"])
+    _, (_, val) = get_class(cfg.model.task.module).from_config(cfg)
+    num_val = len(val.dataset)
+    (single,) = _task_scores(tmp_path, TASKS[task], 1)
+    ranks = _task_scores(tmp_path, TASKS[task], 3)
+    assert single["scored"] == num_val == 50
+    # each rank its share, every item once: 17 + 17 + 16
+    assert [r["scored"] for r in ranks] == [len(range(r, num_val, 3)) for r in range(3)]
+    for r in ranks:
+        for key, value in single["metrics"].items():  # val_loss (and val_acc): reduced over ranks
+            # the same per-item values (seeded weights, 1-thread CPU), summed in another order
+            assert r["metrics"][key] == pytest.approx(value, rel=1e-6, abs=0), key
+
+
+def test_a_rank_shard_reads_every_index_once(monkeypatch):
+    from attnlab.errors import ConfigError
+    from attnlab.lit import shards
+
+    assert list(shards.RankShard(5)) == [0, 1, 2, 3, 4]  # outside DDP: all, in order
+    seen = []
+    for rank in range(4):
+        monkeypatch.setattr(shards, "rank_and_world", lambda rank=rank: (rank, 4))
+        seen.append(list(shards.RankShard(10)))
+        assert len(shards.RankShard(10)) == len(seen[-1])
+    assert seen == [[0, 4, 8], [1, 5, 9], [2, 6], [3, 7]]
+    with pytest.raises(ConfigError, match="a validation split of 3 item"):
+        list(shards.RankShard(3))

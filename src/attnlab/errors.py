@@ -27,3 +27,10 @@ class MissingFileError(UserError, FileNotFoundError):
 class DamagedFileError(UserError, ValueError):
     """A file a stage reads back is damaged (truncated, overwritten, not what its name says); the
     message names it and the command that writes it again."""
+
+
+def brief(error: BaseException) -> str:
+    """``"<type>: <first line of its message>"``: a library's error quoted inside one of ours,
+    which stays one line (SQLAlchemy's, say, go on with the SQL and its parameters)."""
+    lines = [line for line in str(error).splitlines() if line.strip()]
+    return f"{type(error).__name__}: {lines[0].strip()}" if lines else type(error).__name__

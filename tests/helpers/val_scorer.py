@@ -17,17 +17,13 @@ by running this script again). Each rank writes ``OUT_DIR/rank<r>.json``:
 
 from __future__ import annotations
 
-import json
 import sys
-from pathlib import Path
 
 import pytorch_lightning as pl
 import torch
-from hydra import compose, initialize_config_dir
+from ddp_validate import config, validate
 
 from attnlab.lit.translation import TranslationModule
-
-ROOT = Path(__file__).resolve().parents[2]
 
 
 class _Recorder(pl.Callback):
@@ -49,29 +45,11 @@ class _Recorder(pl.Callback):
 
 
 def main(config_json: str, checkpoint: str, out: str, devices: str) -> None:
-    torch.set_num_threads(1)
-    with initialize_config_dir(config_dir=str(ROOT / "conf"), version_base="1.3"):
-        cfg = compose(config_name="config", overrides=json.loads(Path(config_json).read_text()))
-    pl.seed_everything(cfg.seed)
-    module, (datamodule,) = TranslationModule.from_config(cfg)
+    module, (datamodule,) = TranslationModule.from_config(config(config_json))
     state = torch.load(checkpoint, map_location="cpu", weights_only=True)["state_dict"]
     module.load_state_dict(state)
     record: dict = {"read": []}
-    n = int(devices)
-    trainer = pl.Trainer(
-        accelerator="cpu",
-        devices=n,
-        strategy="ddp" if n > 1 else "auto",
-        use_distributed_sampler=False,
-        logger=False,
-        enable_checkpointing=False,
-        enable_progress_bar=False,
-        enable_model_summary=False,
-        callbacks=[_Recorder(record)],
-    )
-    (metrics,) = trainer.validate(module, datamodule=datamodule, verbose=False)
-    record.update(metrics=metrics, world_size=trainer.world_size, rank=trainer.global_rank)
-    Path(out, f"rank{trainer.global_rank}.json").write_text(json.dumps(record))
+    validate(module, devices, _Recorder(record), record, out, datamodule=datamodule)
 
 
 if __name__ == "__main__":

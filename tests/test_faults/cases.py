@@ -5,8 +5,8 @@ Every fault is judged by the same invariant:
 1. the stage either **succeeded** and its outputs are whole (each loads as its kind, the
    download's bytes are the mirror's), or was **killed** (SIGKILL: nothing to say), or
    **refused**: it stopped with an error for a person, with no Python traceback on stderr,
-   whose last line names the damaged file (or the full disk); after Ctrl-C it may also end by
-   SIGINT, as Unix programs do so that the shell knows;
+   one line ``<stage>: <message>`` that names the damaged file (or the full disk); after
+   Ctrl-C it may also end by SIGINT, as Unix programs do so that the shell knows;
 2. every file that was whole before the fault (before the run, or at the moment of the
    fault) is still whole: the same bytes, or a file that loads (a replaced output), or a
    temporary file gone; only what the stage deletes on purpose may be missing;
@@ -61,6 +61,9 @@ class Outcome:
     seconds: float = 0.0
 
 
+# An error's line as attnlab.console.errors ends a stage with it: "<stage>: <message>"
+# ("<model>: training stopped …" from training's own handler).
+ERROR_LINE = re.compile(r"^[a-z][\w-]*: \S")
 EXCEPTION_LINE = re.compile(r"^[A-Za-z_][\w.]*(Error|Exception|Interrupt|Exit|Warning)\b")
 
 
@@ -110,6 +113,8 @@ def judge(
         problems.append(f"died of signal {-run.returncode}")
     if "Traceback" in run.stderr:
         problems.append(f"a traceback on stderr, ending {last_line(run.stderr)!r}")
+    elif run.returncode > 0 and not ERROR_LINE.match(last_line(run.stderr)):
+        problems.append(f"the error is not one line of its stage's: {run.stderr.strip()[-600:]!r}")
     elif names is not None and not names.search(last_line(run.stderr)):
         problems.append(f"the error does not name the fault ({names.pattern}): {last_line(run.stderr)!r}")
     return "refused", problems

@@ -16,37 +16,11 @@ from test_faults.project import STARTS
 pytestmark = pytest.mark.e2e
 
 # Cases that fail today, each with what it showed; flip them as the fixes land.
-KNOWN = {
-    "disk-full@train": (
-        "issue 37, no fix yet: the disk fills as train opens its MLflow run; SQLAlchemy's "
-        "'database or disk is full' (raised as a result of Query-invoked autoflush) still ends "
-        "as a traceback, outside the stage's one-line wrapper"
-    ),
-    "disk-full@train:creating-the-store": (
-        "issue 37, not wired yet: the disk fills while MLflow creates mlflow.db (its alembic "
-        "migrations, not one transaction on SQLite): 'database or disk is full' as a traceback, and "
-        "the half-migrated store then fails every later run ('duplicate column name: step') until "
-        "mlflow.db is deleted (attnlab.tracking.store.create_store_file builds it aside, but no "
-        "stage calls it yet: train must refuse a fresh clone before it creates a store)"
-    ),
-    "disk-full@export": (
-        "issue 37, message-only errors: ServingExportError ('logging the served model … failed: "
-        "MlflowException: (raised as a result of Query-invoked autoflush …)') as a traceback, the "
-        "cause (ENOSPC copying the model's code into mlruns/models, then SQLite's 'database or disk "
-        "is full') only inside it; and PENDING MLflow models after an interrupted export: the "
-        "logged model stays PENDING after the next export"
-    ),
-}
+KNOWN: dict[str, str] = {}
 
 
 # Without a tmpfs (file sizes capped instead) the random moment of seed 0 differs, and shows:
-WITHOUT_TMPFS = {
-    "disk-full@train": (
-        "issue 37, no fix assigned: with files capped (RLIMIT_FSIZE), SQLite cannot finish or roll "
-        "back a commit to mlflow.db and leaves a hot journal; the next run's check_store_file "
-        "(read-only) then calls the store damaged, and `OSError: [Errno 27] File too large` is a traceback"
-    ),
-}
+WITHOUT_TMPFS: dict[str, str] = {}
 
 
 def fill(pipeline, stage, case, seed, **moment):

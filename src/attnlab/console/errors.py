@@ -94,12 +94,16 @@ def log_traceback(message: str) -> list[str]:
 
 
 _SQLITE_FULL = "database or disk is full"  # SQLITE_FULL's message
+# SQLITE_IOERR's: a write the OS refused for another reason than a full disk (a file-size
+# limit, EFBIG; a quota on some filesystems; a failing disk), which SQLite does not tell apart
+_SQLITE_IO = "disk i/o error"
 
 
 def disk_full(error: BaseException) -> str | None:
     """What ``error`` says of a full disk, if anything in its chain (``__cause__``,
     ``__context__``, SQLAlchemy's ``orig``) is one: ``"the disk is full (No space left on
-    device: …)"``; None otherwise."""
+    device: …)"``; SQLite's "disk I/O error" too (its word for a write the OS refused, a file
+    size limit say); None otherwise."""
     seen, todo = set(), [error]
     while todo:
         e = todo.pop()
@@ -111,6 +115,11 @@ def disk_full(error: BaseException) -> str | None:
             return f"{NO_ROOM[e.errno]} ({e.strerror}{where})"
         if _SQLITE_FULL in str(e).lower():
             return f"the disk is full (SQLite: {_SQLITE_FULL})"
+        if _SQLITE_IO in str(e).lower():
+            return (
+                "the disk refused a write (SQLite: disk I/O error: the disk is full, a file "
+                "is over its size limit, or the disk failed)"
+            )
         todo += [e.__cause__, e.__context__, getattr(e, "orig", None)]
     return None
 

@@ -104,6 +104,24 @@ class _QuietLoggers(logging.Filter):
         )
 
 
+class _FullDiskToLogFile(logging.Filter):
+    """Keeps a library's error record of a full disk, traceback and all, off the console (MLflow
+    logs each SQLite error it then re-raises); it goes to the log files of the root logger's
+    handlers (Hydra's ``<app>.log``) instead. The app's own line says the disk is full
+    (:func:`attnlab.console.errors.user_errors`)."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        from attnlab.console.errors import disk_full
+
+        error = record.exc_info[1] if record.exc_info else None
+        if error is None or disk_full(error) is None:
+            return True
+        for h in logging.getLogger().handlers:
+            if isinstance(h, logging.FileHandler):
+                h.handle(record)
+        return False
+
+
 def _handlers(console_only: bool) -> list[logging.Handler]:
     found = []
     for name in ("", *_LIGHTNING_LOGGERS):  # root (Hydra's handlers) and Lightning's own
@@ -126,7 +144,8 @@ def setup(mlflow: bool = True) -> None:
         mlflow: the stage uses MLflow: set ``MLFLOW_LOGGING_LEVEL=WARNING`` and
             ``MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR=false`` in this process's environment
             (only where unset, so a user's own values win), which MLflow and the processes
-            this one starts (DDP ranks) read.
+            this one starts (DDP ranks) read; and send the tracebacks MLflow's loggers print of
+            a full disk to the log file only (the stage's own line says the disk is full).
     """
     for stream in (sys.stdout, sys.stderr):
         if hasattr(stream, "reconfigure"):
@@ -141,6 +160,11 @@ def setup(mlflow: bool = True) -> None:
         os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")
         if "mlflow" in sys.modules:  # imported already: MLflow read MLFLOW_LOGGING_LEVEL at import
             logging.getLogger("mlflow").setLevel(os.environ["MLFLOW_LOGGING_LEVEL"].upper())
+        import mlflow
+
+        for h in logging.getLogger("mlflow").handlers:
+            if not any(isinstance(f, _FullDiskToLogFile) for f in h.filters):
+                h.addFilter(_FullDiskToLogFile())
     noise = _DropLines(NOISE_LINES)
     for h in _handlers(console_only=False):
         if not any(isinstance(f, _DropLines) and f.patterns == noise.patterns for f in h.filters):

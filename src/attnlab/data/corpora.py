@@ -53,7 +53,7 @@ from pathlib import Path
 
 import numpy as np
 
-from attnlab.errors import UserError
+from attnlab.errors import UserError, brief
 
 
 class CorpusError(UserError, ValueError):
@@ -109,7 +109,7 @@ def _missing(path: Path) -> CorpusError:
 
 
 def _corrupt(path: Path, e: BaseException, fix: str = _REDOWNLOAD) -> CorpusError:
-    return CorpusError(f"{path} is truncated or corrupt ({type(e).__name__}: {e}); {fix}")
+    return CorpusError(f"{path} is truncated or corrupt ({brief(e)}); {fix}")
 
 
 def _not_utf8(where: str, line: int, e: UnicodeDecodeError) -> CorpusError:

@@ -52,7 +52,7 @@ from attnlab.data.corpora import (
     scan_corpus,
 )
 from attnlab.data.special_tokens import BOS_ID, EOS_ID, PAD_ID, UNK_ID
-from attnlab.errors import DamagedFileError, MissingFileError, UserError
+from attnlab.errors import DamagedFileError, MissingFileError, UserError, brief
 from attnlab.files import staged_dir, write_bytes_atomic, write_json_atomic, write_text_atomic
 
 # sentencepiece's RuntimeError texts for a vocabulary size the corpus cannot give.
@@ -567,7 +567,7 @@ def load_split(prefix: Path, vocab_sizes: tuple[int, int] | None = None) -> tupl
         try:
             arrays[key] = np.load(path, mmap_mode="r", allow_pickle=False)
         except (OSError, ValueError, EOFError) as e:  # cut short, a damaged header, zeros
-            raise DamagedFileError(f"{path} is damaged ({type(e).__name__}: {e}); {rerun} again") from e
+            raise DamagedFileError(f"{path} is damaged ({brief(e)}); {rerun} again") from e
     sides = [PackedIds(arrays[f"{side}.ids"], arrays[f"{side}.offsets"]) for side in SIDES]
     for i, (side, packed) in enumerate(zip(SIDES, sides)):
         off = packed.offsets

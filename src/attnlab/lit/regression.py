@@ -11,12 +11,13 @@ import pytorch_lightning as pl
 import torch
 from hydra.utils import instantiate
 from omegaconf import DictConfig, OmegaConf
-from torch.utils.data import DataLoader, TensorDataset
+from torch.utils.data import DataLoader, Sampler, TensorDataset
 from torchmetrics import MeanSquaredError
 
 from attnlab.analysis.explorer import nw_explorer, write_explorer
 from attnlab.analysis.viz import nw_figures
 from attnlab.data.synthetic import synthetic_from_config
+from attnlab.lit.shards import RankShard
 from attnlab.models.nadaraya_watson import (
     NadarayaWatson,
     check_kernel,
@@ -83,7 +84,7 @@ class RegressionModule(pl.LightningModule):
         module.figure_settings = {"kernels": kernels, "width": widths[0], "width_sweep": widths[1:]}
         return module, (
             full_batch_loader(data["x_train"], data["y_train"]),
-            full_batch_loader(data["x_test"], data["y_test"]),
+            full_batch_loader(data["x_test"], data["y_test"], sampler=RankShard(len(data["x_test"]))),
         )
 
     @staticmethod
@@ -137,6 +138,7 @@ class RegressionModule(pl.LightningModule):
         return [*paths, write_explorer(Path(folder) / "explorer.html", page)]
 
 
-def full_batch_loader(x: torch.Tensor, y: torch.Tensor) -> DataLoader:
-    """One batch holding all of (x, y), in order."""
-    return DataLoader(TensorDataset(x, y), batch_size=len(x), shuffle=False)
+def full_batch_loader(x: torch.Tensor, y: torch.Tensor, sampler: Sampler | None = None) -> DataLoader:
+    """One batch holding all of (x, y), in order (or all that ``sampler`` gives: under DDP, the
+    rank's share of the validation points, :class:`~attnlab.lit.shards.RankShard`)."""
+    return DataLoader(TensorDataset(x, y), batch_size=len(x), sampler=sampler)

@@ -24,6 +24,7 @@ from omegaconf import DictConfig, OmegaConf
 from pytorch_lightning.callbacks import ModelCheckpoint
 
 from attnlab.checkpoint import TOKENIZER_KEY, changed_record
+from attnlab.errors import brief
 from attnlab.files import rebase
 
 LAST = "last"
@@ -118,7 +119,7 @@ def find_resume_point(
         ckpt = torch.load(path, map_location="cpu", weights_only=True)
         state = ckpt["callbacks"][ResumeState.__qualname__]
     except Exception as e:  # noqa: BLE001 - any unreadable checkpoint means: start afresh
-        return None, f"ignoring {path}: not a resumable checkpoint ({type(e).__name__}: {e}); starting afresh"
+        return None, f"ignoring {path}: not a resumable checkpoint ({brief(e)}); starting afresh"
     if state.get("fingerprint") != fingerprint:
         return None, f"ignoring {path}: written with another config; starting afresh"
     theirs = ckpt.get(TOKENIZER_KEY)

@@ -14,7 +14,7 @@ from __future__ import annotations
 import logging
 from pathlib import Path
 
-from attnlab.errors import UserError
+from attnlab.errors import UserError, brief
 from attnlab.serving.requirements import PACKAGE_DIR, SERVING_CODE, served_requirements
 from attnlab.serving.translator import Translator
 from attnlab.tracking.logged_models import HeldStops, end_run_as, fail_logged_models, now_ms
@@ -190,7 +190,7 @@ def log_served_model(export_dir: Path, model: str, run_id: str, tracking_uri: st
             raise
         raise ServingExportError(
             f"{step} the served model {name} (export {export_dir}) in MLflow run {run_id} at "
-            f"{tracking_uri} failed: {type(e).__name__}: {e}. The export folder itself is written; "
+            f"{tracking_uri} failed: {brief(e)}. The export folder itself is written; "
             "check that the store is reachable and holds the run (runs/<model>.json), then "
             f"re-run `python src/export.py model={model}` (or `dvc repro export@{model}`)"
         ) from e

@@ -17,7 +17,7 @@ from contextlib import closing, contextmanager
 from pathlib import Path
 
 from attnlab.console.errors import process_rank
-from attnlab.errors import DamagedFileError, MissingFileError, UserError
+from attnlab.errors import DamagedFileError, MissingFileError, UserError, brief
 from attnlab.files import rebase, remove_stale_staging, temp_prefix, write_json_atomic
 
 log = logging.getLogger(__name__)
@@ -158,9 +158,8 @@ def create_store_file(tracking_uri: str) -> bool:
     except FileExistsError:
         return False
     except Exception as e:  # any failure: nothing half-built stays
-        cause = (str(e).splitlines() or [""])[0]
         raise TrackingStoreError(
-            f"could not create the MLflow store {db} ({type(e).__name__}: {cause}); "
+            f"could not create the MLflow store {db} ({brief(e)}); "
             f"nothing was left there. If the disk is full, free space on the disk that holds "
             f"{db.parent} (`df -h {db.parent}`); then run the same command"
         ) from e

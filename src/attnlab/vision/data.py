@@ -21,7 +21,7 @@ import numpy as np
 import torch
 from hydra.utils import get_method
 from omegaconf import DictConfig
-from torch.utils.data import DataLoader, TensorDataset
+from torch.utils.data import DataLoader, Sampler, TensorDataset
 
 from attnlab.errors import ConfigError, MissingFileError
 
@@ -35,10 +35,20 @@ class ImageSplits:
     splits: dict[str, tuple[torch.Tensor, torch.Tensor]]
     classes: list[str]
 
-    def loader(self, split: str, batch_size: int, shuffle: bool = False, seed: int = 0) -> DataLoader:
-        """Batches of (images, labels) of ``split``; shuffled with a generator seeded by ``seed``."""
+    def loader(
+        self,
+        split: str,
+        batch_size: int,
+        shuffle: bool = False,
+        seed: int = 0,
+        sampler: Sampler | None = None,
+    ) -> DataLoader:
+        """Batches of (images, labels) of ``split``; shuffled with a generator seeded by ``seed``,
+        or in the order of ``sampler`` (the indices of the images to read)."""
         g = torch.Generator().manual_seed(seed) if shuffle else None
-        return DataLoader(TensorDataset(*self.splits[split]), batch_size, shuffle=shuffle, generator=g)
+        return DataLoader(
+            TensorDataset(*self.splits[split]), batch_size, shuffle=shuffle, generator=g, sampler=sampler
+        )
 
 
 def _check_image_config(data: DictConfig, images: torch.Tensor) -> None:

@@ -21,6 +21,7 @@ from torchmetrics.classification import MulticlassAccuracy
 
 from attnlab.analysis.explorer import translation_epoch, translation_explorer, write_explorer
 from attnlab.analysis.viz import KindMaps, SentenceMaps, heatmap_grid
+from attnlab.lit.shards import RankShard
 from attnlab.vision.data import load_image_splits
 from attnlab.vision.vit import VisionTransformer, build_image_net
 
@@ -89,7 +90,9 @@ class ClassificationModule(pl.LightningModule):
         keep = [i for i in cfg.heatmaps.sentences if i < len(val_y)]
         module.figure_images = (val_x[keep], val_y[keep])
         b = cfg.model.batch_size
-        return module, (splits.loader("train", b, shuffle=True, seed=cfg.seed), splits.loader("val", b))
+        # under DDP each rank validates its share of the images, each image once (RankShard)
+        val = splits.loader("val", b, sampler=RankShard(len(val_y)))
+        return module, (splits.loader("train", b, shuffle=True, seed=cfg.seed), val)
 
     @staticmethod
     def run_tags(cfg: DictConfig) -> dict[str, str]:
