@@ -68,9 +68,6 @@ def main(cfg: DictConfig) -> None:
     # The model's task (conf/model/<model>.yaml: task.module) builds its module and data.
     # every split fits the model before anything trains (attnlab.inference.lengths)
     module, loaders = get_class(cfg.model.task.module).from_config(cfg)
-    # the first run of a project builds its MLflow store whole, aside (after the checks above:
-    # a fresh clone that must tokenize first is told so, and left without a store)
-    create_store_file(cfg.mlflow.tracking_uri)
     fingerprint = config_fingerprint(cfg)
     # a checkpoint of this config on a corpus tokenized anew since (same folder) is not resumed
     resume, why = find_resume_point(checkpoints.folder, fingerprint, tokenizer_record(cfg.paths.tokenized))
@@ -87,6 +84,10 @@ def main(cfg: DictConfig) -> None:
     # transformer-multi30k-en-fr-seed0 or nw-synthetic-seed0 (fixed: MLflow's would vary).
     task_tags = module.run_tags(cfg)
     name = "-".join([cfg.model.name, *(task_tags.values() or [cfg.data.name]), f"seed{cfg.seed}"])
+    # the first run of a project builds its MLflow store whole, aside; after every check above
+    # (a fresh clone that must tokenize first, a parent of another tokenizer): a refused run
+    # leaves no store
+    create_store_file(cfg.mlflow.tracking_uri)
     logger = instantiate(cfg.mlflow.logger, _partial_=True)(  # call-time arguments stay plain strings
         tags={
             "model": cfg.model.name,

@@ -24,7 +24,7 @@ import torch
 import torch.nn.functional as F
 
 from helpers.corpus_fixture import sentences
-from helpers.tiny_train import ROOT, env
+from helpers.tiny_train import ROOT, TINY, env
 
 NUM_VAL = 37
 SMALL, LARGE = 3, 16  # val batch sizes: 13 batches, and 3 batches (fewer than 4 ranks)
@@ -39,15 +39,8 @@ def _overrides(root: Path, batch_size: int) -> list[str]:
         "data.tgt_lang=fr",
         "data.vocab_size=150",
         f"data.val_bleu_sentences={NUM_VAL}",  # val_bleu over the whole split
-        "model=transformer",
-        "device=cpu",
-        "model.net.d_model=32",
-        "model.net.ffn_hidden=64",
-        "model.max_tokens=40",
-        "model.warmup_steps=5",
+        *(a for a in TINY if a.split("=")[0].startswith(("model", "device", "heatmaps"))),
         f"model.batch_size={batch_size}",
-        "heatmaps.sentences=[0]",
-        "heatmaps.epoch_kinds=[]",
         "heatmaps.head_stats_sentences=0",
     ]
 

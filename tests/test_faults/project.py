@@ -18,6 +18,7 @@ from pathlib import Path
 
 from omegaconf import OmegaConf
 
+from attnlab.cli import SCRIPTS as CLI_SCRIPTS
 from helpers.corpus_fixture import write_mirror
 from helpers.tiny_train import TINY
 from test_faults import checks
@@ -41,17 +42,10 @@ ARGS = {
     "translate": [*NET, "+text=A dog sees a ball."],
     "translate_attention": [*NET, "+text=A dog sees a ball.", "+show_attention=true"],
 }
-SCRIPTS = {
-    "download": "download.py",
-    "tokenize": "tokenize_data.py",
-    "train": "train.py",
-    "evaluate": "evaluate.py",
-    "export": "export.py",
-    "translate": "translate.py",
-    "translate_attention": "translate.py",
-}
 ORDER = ["download", "tokenize", "train", "evaluate", "export"]  # the DVC pipeline; translate reads export's
 READERS = ["translate", "translate_attention"]  # read the export back, write nothing in the project
+# each stage's script, as the attnlab-* commands run them
+SCRIPTS = {stage: CLI_SCRIPTS[stage.removesuffix("_attention")] for stage in [*ORDER, *READERS]}
 STARTS = {"download": "empty", "tokenize": "downloaded", "train": "tokenized", "evaluate": "trained",
           "export": "evaluated", "translate": "exported", "translate_attention": "exported"}  # fmt: skip
 ENDS = {"download": "downloaded", "tokenize": "tokenized", "train": "trained", "evaluate": "evaluated",
