@@ -158,11 +158,12 @@ def setup(mlflow: bool = True) -> None:
     if mlflow:
         os.environ.setdefault("MLFLOW_LOGGING_LEVEL", "WARNING")
         os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")
-        if "mlflow" in sys.modules:  # imported already: MLflow read MLFLOW_LOGGING_LEVEL at import
-            logging.getLogger("mlflow").setLevel(os.environ["MLFLOW_LOGGING_LEVEL"].upper())
-        import mlflow
+        import mlflow as _  # noqa: F401 - MLflow's logger and its handlers exist from here on
 
-        for h in logging.getLogger("mlflow").handlers:
+        mlflow_logger = logging.getLogger("mlflow")
+        # MLflow reads MLFLOW_LOGGING_LEVEL at import, which may have come before this call
+        mlflow_logger.setLevel(os.environ["MLFLOW_LOGGING_LEVEL"].upper())
+        for h in mlflow_logger.handlers:
             if not any(isinstance(f, _FullDiskToLogFile) for f in h.filters):
                 h.addFilter(_FullDiskToLogFile())
     noise = _DropLines(NOISE_LINES)
