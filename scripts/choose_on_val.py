@@ -4,7 +4,8 @@
         --tokenized data/tokenized/multi30k-en-de --last 1 3 5 8 10 --alpha 1.0 0.6 0.8 1.2 \
         --out outputs/val_choice.json --write outputs/chosen.ckpt
 
-Input: the weights a Transformer run kept at the end of every epoch, one Lightning checkpoint
+Input: the weights a translation model's run (Transformer or Bahdanau) kept at the end of every
+epoch, one Lightning checkpoint
 each. A run keeps them with a second ``ModelCheckpoint`` (docs/how-to/full-profile.md), in a
 folder of its own outside ``checkpoints/`` (a DVC output) and outside other runs' folders:
 
@@ -103,11 +104,21 @@ def average_last(checkpoints: list[tuple[int, Path]], n: int) -> dict:
     return {**newest, "state_dict": averaging.average()}
 
 
+TRANSLATION_MODELS = ("transformer", "bahdanau", "seq2seq")
+
+
 def load_averaged(ckpt: dict, tmp_dir: Path) -> torch.nn.Module:
-    """The net of ``ckpt`` through :func:`attnlab.checkpoint.load_net` (the evaluate stage's loader)."""
+    """The net of ``ckpt`` through :func:`attnlab.checkpoint.load_net` (the evaluate stage's
+    loader); SystemExit if it is not a translation model (:data:`TRANSLATION_MODELS`)."""
     path = tmp_dir / "candidate.ckpt"
     torch.save(ckpt, path)
-    return load_net(path, expected_kind="transformer")
+    net = load_net(path)
+    if net.kind not in TRANSLATION_MODELS:
+        raise SystemExit(
+            f"the checkpoints hold a {net.kind} model; choose_on_val decodes translation models "
+            f"({', '.join(TRANSLATION_MODELS)})"
+        )
+    return net
 
 
 def score_val(net, tokenizer, sources, references, beam_size: int, alpha: float) -> dict:

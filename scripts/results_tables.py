@@ -83,6 +83,7 @@ RUN_COLUMNS = [
     "test_2017_flickr_bleu", "test_2017_flickr_bleu_lc", "test_2017_flickr_chrf", "nw_mse",
     "signature_bleu", "signature_bleu_lc", "signature_chrf",
     "val_bleu_greedy", "val_bleu_beam5", "val_bleu_epochs", "mlflow_run_id", "source", "notes",
+    "test_2016_flickr_bleu_tok_lc", "test_2017_flickr_bleu_tok_lc", "signature_bleu_tok_lc",
 ]  # fmt: skip
 MACHINE_COLUMNS = [
     "machine", "cpu_model", "cores", "memory", "avx2", "avx512f", "avx512_bf16", "amx_bf16", "seen", "notes",
@@ -92,7 +93,7 @@ REQUIRED = ["run", "commit", "commit_is", "date", "profile", "recipe", "corpus",
 BLEU_COLUMNS = [
     "test_2016_flickr_bleu", "test_2016_flickr_bleu_lc", "test_2016_flickr_chrf",
     "test_2017_flickr_bleu", "test_2017_flickr_bleu_lc", "test_2017_flickr_chrf",
-    "val_bleu_greedy", "val_bleu_beam5",
+    "val_bleu_greedy", "val_bleu_beam5", "test_2016_flickr_bleu_tok_lc", "test_2017_flickr_bleu_tok_lc",
 ]  # fmt: skip
 MINUTE_COLUMNS = ["minutes_setup", "minutes_repro", "minutes_total", "minutes_train", "minutes_evaluate"]
 MODELS = ["transformer", "bahdanau", "seq2seq", "nw"]
@@ -323,12 +324,13 @@ def _headline_rows(rows: Sequence[dict[str, str]]) -> list[list[str]]:
     out = []
     for (model, _, _), group in _groups(rows):
         if model == "nw":
-            scores = [score_range(group, "nw_mse"), "—", "—"]
+            scores = [score_range(group, "nw_mse"), "—", "—", "—"]
         else:
             scores = [
                 score_range(group, "test_2016_flickr_bleu"),
                 score_range(group, "test_2016_flickr_chrf"),
                 score_range(group, "test_2017_flickr_bleu"),
+                score_range(group, "test_2016_flickr_bleu_tok_lc"),
             ]
         out.append([MODEL_NAMES[model], _direction(group[0]), *scores, _machines_threads(group)])
     return out
@@ -340,6 +342,7 @@ HEADLINE_HEADER = [
     "test_2016_flickr BLEU (NW: test MSE)",
     "test_2016_flickr chrF",
     "test_2017_flickr BLEU",
+    "test_2016_flickr BLEU, papers' (tokenized, lowercased)",
     "machines (threads)",
 ]
 
@@ -919,7 +922,7 @@ def render_readme_section(runs: Sequence[dict[str, str]]) -> str:
     lines = [GENERATED, ""]
     # which machines and thread counts: the docs' results pages (the README names no machine)
     header = ["profile", "model", "direction", "test_2016_flickr BLEU (NW: test MSE)",
-              "test_2017_flickr BLEU"]  # fmt: skip
+              "test_2017_flickr BLEU", "test_2016_flickr BLEU, papers' (tokenized, lowercased)"]  # fmt: skip
     rows = []
     recipes = []
     for profile in HEADLINE_PROFILES:
@@ -928,14 +931,15 @@ def render_readme_section(runs: Sequence[dict[str, str]]) -> str:
             continue
         recipes.append(f"{profile} `{recipe}`")
         for cells in _headline_rows(group):
-            rows.append([profile, cells[0], cells[1], cells[2], cells[4]])
+            rows.append([profile, cells[0], cells[1], cells[2], cells[4], cells[5]])
     lines += _table(header, rows)
     lines += [
         "",
         "Ranges (lowest–highest, number of runs) over every recorded run of the current recipes ("
         + ", ".join(recipes)
         + "), across the machines and thread counts they ran on: the last digits depend on the CPU. "
-        "sacreBLEU, cased, 13a, beam 5. Every run, machine and source: "
+        "sacreBLEU, cased, 13a, beam 5; the papers' BLEU is lowercased BLEU on Moses-tokenized text "
+        "([metrics](docs/reference/metrics.md#bleu_tok_lc)). Every run, machine and source: "
         "[docs/results](docs/results/index.md) (generated from `results/*.csv`).",
     ]
     return "\n".join(lines)
@@ -1168,12 +1172,17 @@ def rows_from_metrics(
     return rows
 
 
+SCORE_KEYS = ("bleu", "bleu_lc", "chrf")
+
+
 def _translation_scores(m: dict) -> dict[str, str]:
     row = {
         "corpus": m["corpus"], "src_lang": m["src_lang"], "tgt_lang": m["tgt_lang"],
         "test_2016_flickr_bleu": repr(m["bleu"]), "test_2016_flickr_bleu_lc": repr(m["bleu_lc"]),
         "test_2016_flickr_chrf": repr(m["chrf"]),
     }  # fmt: skip
+    if "bleu_tok_lc" in m:
+        row["test_2016_flickr_bleu_tok_lc"] = repr(m["bleu_tok_lc"])
     if m.get("test_set", "test_2016_flickr") != "test_2016_flickr":
         raise ValueError(f"metrics measured {m['test_set']}, not test_2016_flickr: add its row by hand")
     more = m.get("more_test_sets", {}).get("test_2017_flickr")
@@ -1183,8 +1192,10 @@ def _translation_scores(m: dict) -> dict[str, str]:
             "test_2017_flickr_bleu_lc": repr(more["bleu_lc"]),
             "test_2017_flickr_chrf": repr(more["chrf"]),
         }
+        if "bleu_tok_lc" in more:
+            row["test_2017_flickr_bleu_tok_lc"] = repr(more["bleu_tok_lc"])
     signature = m.get("signature", {})
-    row |= {f"signature_{k}": signature[k] for k in ("bleu", "bleu_lc", "chrf") if k in signature}
+    row |= {f"signature_{k}": signature[k] for k in (*SCORE_KEYS, "bleu_tok_lc") if k in signature}
     decoding = m.get("decoding", {})
     if "beam_size" in decoding:
         text = f"beam {decoding['beam_size']}, alpha {decoding.get('alpha')}"

@@ -8,6 +8,8 @@ that ``load_net`` (the evaluate stage's loader) reads with exactly the chosen we
 
 import importlib.util
 import json
+import subprocess
+import sys
 
 import pytest
 import sacrebleu
@@ -17,7 +19,7 @@ from attnlab.checkpoint import load_net
 from attnlab.data.corpora import read_lines
 from attnlab.data.tokenizer import load_sentencepiece
 from attnlab.inference.decoding import translate_text
-from helpers.tiny_train import ROOT, make_project, train
+from helpers.tiny_train import ROOT, env, make_project, train
 
 EVERY_EPOCH = (
     "+callbacks.every_epoch={_target_: pytorch_lightning.callbacks.ModelCheckpoint, "
@@ -103,6 +105,30 @@ def test_averages_scores_and_the_written_choice(trained, tmp_path):
     reloaded = load_net(written, expected_kind="transformer").state_dict()
     for name, value in reloaded.items():
         torch.testing.assert_close(value, chosen[f"net.{name}"], rtol=0, atol=0)
+
+
+def test_a_bahdanau_run_is_chosen_on_the_same_scores(trained, tmp_path):
+    """Any translation model's epochs: a tiny Bahdanau's, scored as its own checkpoint decodes."""
+    root, _ = trained
+    epochs = tmp_path / "epochs"
+    bahdanau = ["model=bahdanau", "device=cpu", "model.net.embed_size=16", "model.net.num_hiddens=32",
+                "model.max_tokens=40", "data.vocab_size=150", "data.val_bleu_sentences=4",
+                "trainer.enable_progress_bar=false", "trainer.max_epochs=2", "heatmaps.sentences=[0]",
+                "heatmaps.epoch_kinds=[]"]  # fmt: skip
+    cmd = [sys.executable, "src/train.py", *bahdanau, f"paths.root={root}", f"hydra.run.dir={tmp_path}/run"]
+    done = subprocess.run(
+        [*cmd, EVERY_EPOCH % epochs], cwd=ROOT, capture_output=True, text=True, timeout=300, env=env()
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    tokenized = root / "data/tokenized/multi30k-en-fr"
+    script = _script()
+    result = script.main([str(epochs), "--tokenized", str(tokenized), "--last", "1", "--alpha", "1.0"])
+    net = load_net(script.epoch_checkpoints(epochs)[-1][1], expected_kind="bahdanau")
+    sources, references = read_lines(tokenized / "val.src.txt"), read_lines(tokenized / "val.tgt.txt")
+    hypotheses = translate_text(
+        net.init_state, net.step, load_sentencepiece(tokenized / "spm.model"), sources, beam_size=5, alpha=1.0
+    )
+    assert result["chosen"]["bleu"] == pytest.approx(sacrebleu.corpus_bleu(hypotheses, [references]).score)
 
 
 def test_bad_input_names_the_fix(trained, tmp_path):

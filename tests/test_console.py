@@ -188,15 +188,17 @@ def test_dvc_stage_evaluate_and_export_print_only_their_summaries(trained, conso
     assert logged["test_chrf/test_2017_flickr"] == more["chrf"]
     assert evaluated.out.splitlines() == [
         "transformer: 4 test sentences scored",
-        f"  test_bleu  : {scores['bleu']:.2f} (sacreBLEU, cased, 13a)",
-        f"  bleu_lc    : {scores['bleu_lc']:.2f}",
-        f"  chrF       : {scores['chrf']:.2f}",
-        f"  also       : test_2017_flickr: BLEU {more['bleu']:.2f}, bleu_lc {more['bleu_lc']:.2f}, "
-        f"chrF {more['chrf']:.2f} (4 sentences)",
-        f"  metrics    : {root / 'metrics/transformer.json'}",
-        f"  hypotheses : {root / 'metrics/transformer.hyp.txt'}",
-        f"  MLflow run : {run_id} (logged test_bleu, test_bleu_lc, test_chrf, test_*/test_2017_flickr)",
-        *links,
+        f"  test_bleu   : {scores['bleu']:.2f} (sacreBLEU, cased, 13a)",
+        f"  bleu_lc     : {scores['bleu_lc']:.2f}",
+        f"  chrF        : {scores['chrf']:.2f}",
+        f"  bleu_tok_lc : {scores['bleu_tok_lc']:.2f} (as Multi30k papers score)",
+        f"  also        : test_2017_flickr: BLEU {more['bleu']:.2f}, bleu_lc {more['bleu_lc']:.2f}, "
+        f"chrF {more['chrf']:.2f}, bleu_tok_lc {more['bleu_tok_lc']:.2f} (4 sentences)",
+        f"  metrics     : {root / 'metrics/transformer.json'}",
+        f"  hypotheses  : {root / 'metrics/transformer.hyp.txt'}",
+        f"  MLflow run  : {run_id} (logged test_bleu, test_bleu_lc, test_chrf, test_bleu_tok_lc, "
+        "test_*/test_2017_flickr)",
+        *(line.replace(" :", "  :", 1) for line in links),  # keys padded to bleu_tok_lc's width
     ]
 
     monkeypatch.setenv("DVC_STAGE", "export@transformer")
@@ -211,7 +213,7 @@ def test_dvc_stage_evaluate_and_export_print_only_their_summaries(trained, conso
         "  registered : attnlab-transformer version 1 (alias champion)",
         f"  MLflow run : {run_id}",
         f"  serve      : MLFLOW_TRACKING_URI={uri} mlflow models serve "
-        "-m models:/attnlab-transformer@champion",
+        "-m models:/attnlab-transformer@champion -p 5001 --env-manager local",
         '  translate  : python src/translate.py model=transformer +text="A dog runs."',
     ]
 

@@ -486,3 +486,84 @@ def test_val_loss_and_val_pairs_leave_out_the_pairs_a_batch_marks_not_counted():
     assert m.val_loss.compute().item() == pytest.approx(expected, rel=1e-6)
     assert m.val_pairs.compute().item() == 2
     assert m.val_loss.weight.item() == 9
+
+
+# --- bleu_tok_lc: the papers' BLEU on lowercased, Moses-tokenized text --------------------------
+
+
+def test_moses_lc_tokenize_gives_what_the_multi30k_scripts_give_by_hand():
+    """Tokenized by hand with the rules of Multi30k's task1-tokenize.sh (Moses lowercase.perl,
+    normalize-punctuation.perl -l, tokenizer.perl -l, escaped): French elision splits after the
+    apostrophe, English clitics before it; a closing quote after a full stop at the end of a
+    French line moves before it; `…` becomes `...`, `’` becomes `'`, runs of spaces one."""
+    assert metrics.moses_lc_tokenize(
+        ['Un homme regarde l’herbe, "verte."', "  Deux  chiens jouent dans la neige…  "], "fr"
+    ) == ["un homme regarde l&apos; herbe , &quot; verte &quot; .", "deux chiens jouent dans la neige ..."]
+    assert metrics.moses_lc_tokenize(['A man\'s "big" dog-sled.', "Two dogs & a cat (3)"], "en") == [
+        "a man &apos;s &quot; big &quot; dog-sled .",
+        "two dogs &amp; a cat ( 3 )",
+    ]
+    with pytest.raises(TypeError, match="expected str lines, got bytes"):
+        metrics.moses_lc_tokenize([b"un chien"], "fr")
+
+
+def test_bleu_tok_lc_is_sacrebleu_with_no_tokenizer_on_hand_tokenized_text():
+    hyps = ["Un chien court sur l’herbe.", 'Deux hommes jouent aux "échecs".', "Une femme."]
+    refs = ["Un chien court dans l'herbe verte.", 'Deux hommes jouent aux "échecs."', "Une femme sourit."]
+    by_hand_hyps = [
+        "un chien court sur l&apos; herbe .",
+        "deux hommes jouent aux &quot; échecs &quot; .",
+        "une femme .",
+    ]
+    by_hand_refs = [
+        "un chien court dans l&apos; herbe verte .",
+        "deux hommes jouent aux &quot; échecs &quot; .",
+        "une femme sourit .",
+    ]
+    scores = corpus_scores(hyps, refs, tok_lc_lang="fr")
+    expected = sacrebleu.corpus_bleu(by_hand_hyps, [by_hand_refs], tokenize="none").score
+    assert scores["bleu_tok_lc"] == expected
+    # the same text tokenized by 13a counts `l’herbe` and `"échecs."` differently
+    assert scores["bleu_lc"] != pytest.approx(expected)
+    assert "bleu_tok_lc" not in corpus_scores(hyps, refs)  # only when a language is given
+
+
+def test_bleu_tok_lc_sums_over_batches_and_names_its_tokenizer():
+    hyps = ["Un chien court sur l’herbe.", "Deux hommes.", "Une femme sourit.", "Un vélo rouge."]
+    refs = ["Un chien court dans l'herbe.", "Deux hommes jouent.", "Une femme sourit.", "Un vélo bleu."]
+    metric = CorpusScores(tok_lc_lang="fr", sync_on_compute=False)
+    metric.update(hyps[:1], refs[:1])
+    metric.update(hyps[1:], refs[1:])
+    assert metric.compute()["bleu_tok_lc"] == corpus_scores(hyps, refs, tok_lc_lang="fr")["bleu_tok_lc"]
+    version = sacrebleu.__version__
+    import sacremoses
+
+    assert sacrebleu_signatures(tok_lc_lang="fr")["bleu_tok_lc"] == (
+        f"nrefs:1|case:lc|eff:no|tok:none|smooth:exp|version:{version}"
+        f"|pre:lc.norm.tok.fr|sacremoses:{sacremoses.__version__}"
+    )
+
+
+# SHA-256 of the Multi30k repository's data/task1/tok/<test set>.lc.norm.tok.<lang> (commit
+# 7bee46bc, made by its scripts/task1-tokenize.sh with Moses' Perl scripts): the text published
+# Multi30k BLEU is computed on.
+MULTI30K_TOK_SHA256 = {
+    ("test_2016_flickr", "en"): "5b7f32627cf99eced828311b955dae9800bb52bc8b91cf8b6526829e605b29d2",
+    ("test_2016_flickr", "fr"): "1463bd5960f9bfe098ec3cd752d3df0c49c84dc646fb518964a29232658cd836",
+    ("test_2016_flickr", "de"): "c6a33d39d48f9f510de147651316cd9d918e09ad0219df734a2f16b6baccacc4",
+    ("test_2017_flickr", "en"): "c9d1dfd7a26add989382e534af235af9f0f658b2a30e7eb0efdaf142496ee54f",
+    ("test_2017_flickr", "fr"): "c0583117a47b31e8a6c6a97cfe8de153e462074668f4e994764fcc80b21d33b4",
+    ("test_2017_flickr", "de"): "02067e4a9402786a4fcb8c1b6f4307e4a5073ced64800abead5273b54f5f31f6",
+}
+
+
+@pytest.mark.parametrize(("test_set", "lang"), sorted(MULTI30K_TOK_SHA256))
+def test_moses_lc_tokenize_of_the_raw_test_sets_is_the_corpus_tok_file(mirror_dir, test_set, lang):
+    """bleu_tok_lc's references are the raw files processed here; they are the corpus's own
+    lc.norm.tok files byte for byte, so bleu_tok_lc is multi-bleu on those files."""
+    import hashlib
+
+    with gzip.open(mirror_dir / "multi30k" / f"{test_set}.{lang}.gz", "rt", encoding="utf-8") as f:
+        raw = f.read().splitlines()
+    text = "".join(line + "\n" for line in metrics.moses_lc_tokenize(raw, lang))
+    assert hashlib.sha256(text.encode("utf-8")).hexdigest() == MULTI30K_TOK_SHA256[(test_set, lang)]

@@ -24,6 +24,7 @@ from pathlib import Path
 
 import pytest
 import sacrebleu
+import sacremoses
 import torch
 import yaml
 from omegaconf import OmegaConf
@@ -157,6 +158,7 @@ def test_every_stage_wrote_its_outputs(project):
         assert scores["bleu"] == sacrebleu.corpus_bleu(hypotheses, [references]).score
         assert scores["bleu_lc"] == sacrebleu.corpus_bleu(hypotheses, [references], lowercase=True).score
         assert scores["chrf"] == sacrebleu.corpus_chrf(hypotheses, [references]).score
+        assert scores["bleu_tok_lc"] == _papers_bleu(hypotheses, references, "fr")
         _assert_says_what_it_measured(scores, "en", "fr")
         # data.more_test_splits: test_2017_flickr, decoded with the same settings into the run
         more = scores["more_test_sets"]["test_2017_flickr"]
@@ -166,6 +168,7 @@ def test_every_stage_wrote_its_outputs(project):
         assert more["bleu"] == sacrebleu.corpus_bleu(hyps_2017, [refs_2017]).score
         assert more["bleu_lc"] == sacrebleu.corpus_bleu(hyps_2017, [refs_2017], lowercase=True).score
         assert more["chrf"] == sacrebleu.corpus_chrf(hyps_2017, [refs_2017]).score
+        assert more["bleu_tok_lc"] == _papers_bleu(hyps_2017, refs_2017, "fr")
         net = load_net(project / f"checkpoints/{m}/best.ckpt", expected_kind=m).eval()
         sources_2017 = (tok / "test_2017.src.txt").read_text(encoding="utf-8").splitlines()
         assert sources_2017 == _test_references(project, "en", "test_2017_flickr")
@@ -205,6 +208,17 @@ def test_head_importance_masks_each_head_of_the_trained_transformer(project):
         assert (project / "plots/heads/transformer" / name).stat().st_size > 0
 
 
+def _papers_bleu(hypotheses: list[str], references: list[str], lang: str) -> float:
+    """BLEU on lowercased, Moses-normalized and -tokenized text: sacremoses' ports of the
+    Multi30k scripts, then sacreBLEU with no tokenizer of its own (the papers' metric)."""
+    normalizer, tokenizer = sacremoses.MosesPunctNormalizer(lang=lang), sacremoses.MosesTokenizer(lang=lang)
+
+    def tok(lines: list[str]) -> list[str]:
+        return [tokenizer.tokenize(normalizer.normalize(x.lower() + "\n"), return_str=True) for x in lines]
+
+    return sacrebleu.corpus_bleu(tok(hypotheses), [tok(references)], tokenize="none", force=True).score
+
+
 def _test_references(project: Path, lang: str, test_set: str = "test_2016_flickr") -> list[str]:
     """The `test_set` side `lang` of the project's raw Multi30k, as evaluate scores it."""
     import gzip
@@ -241,6 +255,8 @@ def _assert_says_what_it_measured(
         "bleu": f"nrefs:1|case:mixed|eff:no|tok:13a|smooth:exp|version:{version}",
         "bleu_lc": f"nrefs:1|case:lc|eff:no|tok:13a|smooth:exp|version:{version}",
         "chrf": f"nrefs:1|case:mixed|eff:yes|nc:6|nw:0|space:no|version:{version}",
+        "bleu_tok_lc": f"nrefs:1|case:lc|eff:no|tok:none|smooth:exp|version:{version}"
+        f"|pre:lc.norm.tok.{tgt_lang}|sacremoses:{sacremoses.__version__}",
     }
 
 
@@ -287,8 +303,10 @@ def test_mlflow_store_has_runs_metrics_and_heatmaps(project):
         assert run.data.metrics["test_bleu"] == scores["bleu"]
         more = scores["more_test_sets"]["test_2017_flickr"]
         assert [
-            run.data.metrics[f"{k}/test_2017_flickr"] for k in ("test_bleu", "test_bleu_lc", "test_chrf")
-        ] == [more["bleu"], more["bleu_lc"], more["chrf"]]
+            run.data.metrics[f"{k}/test_2017_flickr"]
+            for k in ("test_bleu", "test_bleu_lc", "test_chrf", "test_bleu_tok_lc")
+        ] == [more["bleu"], more["bleu_lc"], more["chrf"], more["bleu_tok_lc"]]
+        assert run.data.metrics["test_bleu_tok_lc"] == scores["bleu_tok_lc"]
         losses = [h.value for h in client.get_metric_history(run.info.run_id, "train_loss")]
         assert losses[-1] < losses[0]
         assert any(f.startswith("attention/sent0_") for f in artifacts(run.info.run_id))

@@ -135,10 +135,23 @@ def _tiny_project(tmp_path: Path, runs: list[dict[str, str]]) -> Path:
 
 
 TINY_RUNS = [
-    _run("a1", test_2016_flickr_bleu=52.43, test_2017_flickr_bleu=43.83, threads=2),
+    _run(
+        "a1",
+        test_2016_flickr_bleu=52.43,
+        test_2017_flickr_bleu=43.83,
+        threads=2,
+        test_2016_flickr_bleu_tok_lc=53.5,
+    ),
     _run("a1", "nw", nw_mse=0.09552028775215149, threads=2),
     _run("a2", test_2016_flickr_bleu=51.62, test_2017_flickr_bleu=44.46, machine="box-b", threads=1),
-    _run("a3", test_2016_flickr_bleu=52.0149, machine="box-b", threads=2, date="2026-01-03"),
+    _run(
+        "a3",
+        test_2016_flickr_bleu=52.0149,
+        machine="box-b",
+        threads=2,
+        date="2026-01-03",
+        test_2016_flickr_bleu_tok_lc=53.141,
+    ),
     _run("a4", test_2016_flickr_bleu=51.95, date="2026-01-03"),
     _run("a5", test_2016_flickr_bleu=34.39, tgt_lang="de"),
     _run("old", test_2016_flickr_bleu=49.39, recipe="r1", date="2026-01-01"),
@@ -156,11 +169,11 @@ def test_the_headline_is_the_range_of_the_current_recipe(tmp_path):
     index = (root / "docs/results/index.md").read_text()
     assert index.startswith(rt.GENERATED + "\n")
     assert "The recipe as of `r2`: 5 runs on 2 machines (box-a, box-b)." in index
-    row = "| Transformer | en→fr | 51.62–52.43 (4 runs) | — | 43.83–44.46 (2 runs) | {} |"
+    row = "| Transformer | en→fr | 51.62–52.43 (4 runs) | — | 43.83–44.46 (2 runs) | 53.14–53.50 (2 runs) | {} |"  # noqa: E501
     assert row.format("box-a (2, ?), box-b (1, 2)") in index
-    assert "| Transformer | en→de | 34.39 (1 run) | — | — | box-a (?) |" in index
-    assert "| Nadaraya–Watson | (synthetic) | 0.0955 (1 run) | — | — | box-a (2) |" in index
-    assert "| Transformer | en→fr | 59.73 (1 run) | — | — | box-a (1) |" in index  # the full profile
+    assert "| Transformer | en→de | 34.39 (1 run) | — | — | — | box-a (?) |" in index
+    assert "| Nadaraya–Watson | (synthetic) | 0.0955 (1 run) | — | — | — | box-a (2) |" in index
+    assert "| Transformer | en→fr | 59.73 (1 run) | — | — | — | box-a (1) |" in index  # the full profile
     assert "| default | `r1` | Transformer | en→fr | 49.39 (1 run) | — | box-a (?) |" in index
     assert "49.39" not in index.split("## Earlier recipes")[0]  # an older recipe is not in the headline
 
@@ -170,8 +183,9 @@ def test_the_headline_is_the_range_of_the_current_recipe(tmp_path):
     assert before == "# Tiny\n\nBefore.\n\n" and after == "\n\nAfter.\n"
     assert block.startswith(rt.GENERATED)
     # the README names no machine and no thread count: those are on the docs' results pages
-    assert "| default | Transformer | en→fr | 51.62–52.43 (4 runs) | 43.83–44.46 (2 runs) |\n" in block
-    assert "| full | Transformer | en→fr | 59.73 (1 run) | — |\n" in block
+    headline = "| default | Transformer | en→fr | 51.62–52.43 (4 runs) | 43.83–44.46 (2 runs) | 53.14–53.50 (2 runs) |"  # noqa: E501
+    assert headline + "\n" in block
+    assert "| full | Transformer | en→fr | 59.73 (1 run) | — | — |\n" in block
     assert "box-a" not in block and "box-b" not in block
     assert "old table" not in block
 

@@ -116,10 +116,11 @@ def test_champion_alias_follows_the_newest_version(store):
     }
     model = mlflow.pyfunc.load_model(f"models:/attnlab-transformer@{CHAMPION}")
     assert model.predict(SOURCES) == store["expected"]
-    # what the export stage prints: the champion, in the model's own environment
-    assert serve_command("attnlab-transformer", store["uri"]) == (
-        f"MLFLOW_TRACKING_URI={store['uri']} mlflow models serve -m models:/attnlab-transformer@champion"
-    )
+    # what the export stage prints: the champion, in this environment, as the README serves it
+    served = f"MLFLOW_TRACKING_URI={store['uri']} mlflow models serve -m models:/attnlab-transformer@champion"
+    assert serve_command("attnlab-transformer", store["uri"]) == f"{served} -p 5001 --env-manager local"
+    # the registry's description: the model's own environment, built from its requirements.txt
+    assert serve_command("attnlab-transformer", store["uri"], local=False) == served
 
 
 def test_pyfunc_translates_like_translate_py(store):

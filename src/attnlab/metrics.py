@@ -10,6 +10,10 @@ one-sentence corpus with no 4-gram match.
 BLEU's tokenizer follows the target language (:func:`bleu_tokenizer`): sacreBLEU's ``13a``
 splits on spaces and punctuation, which leaves a Chinese, Japanese or Korean sentence as a
 few long "words"; ``zh``, ``ja-mecab`` and ``ko-mecab`` segment those languages first.
+
+``bleu_tok_lc`` is BLEU as published Multi30k results compute it (:func:`moses_lc_tokenize`):
+on lowercased, punctuation-normalized, Moses-tokenized text, as in the corpus's
+``tok/*.lc.norm.tok.*`` files, with no further tokenization.
 """
 
 from __future__ import annotations
@@ -20,6 +24,7 @@ import logging
 import math
 from collections.abc import Sequence
 
+import sacremoses
 import torch
 from sacrebleu.metrics import BLEU, CHRF
 from torchmetrics import Metric
@@ -117,14 +122,52 @@ def bleu_tokenizer(tgt_lang: str, override: str | None = None) -> str:
     return name
 
 
-def _sacrebleu_metrics(tokenize: str = DEFAULT_TOKENIZE) -> dict[str, BLEU | CHRF]:
-    """sacreBLEU's metric objects with ``corpus_bleu``/``corpus_chrf``'s defaults, BLEU with ``tokenize``."""
+@functools.cache
+def _moses(lang: str) -> tuple[sacremoses.MosesPunctNormalizer, sacremoses.MosesTokenizer]:
+    return sacremoses.MosesPunctNormalizer(lang=lang), sacremoses.MosesTokenizer(lang=lang)
+
+
+def moses_lc_tokenize(lines: Sequence[str], lang: str) -> list[str]:
+    """Text as Multi30k's ``tok/*.lc.norm.tok.<lang>`` files hold it, the text that published
+    Multi30k BLEU is computed on (multi-bleu.perl or fairseq's BLEU on these files).
+
+    The corpus's ``scripts/task1-tokenize.sh``, one line at a time: Moses' ``lowercase.perl``
+    (Python's ``str.lower``), ``normalize-punctuation.perl -l <lang>`` and ``tokenizer.perl -l
+    <lang>`` (XML-escaped, as by default: ``'`` → ``&apos;``, ``"`` → ``&quot;``), by sacremoses'
+    ports of the two Moses scripts. On the raw test_2016_flickr and test_2017_flickr files of
+    en, fr and de this gives the corpus's tok files line for line. ``lang``: a language code
+    (``fr``); Moses knows European languages, and tokenizes others by its generic rules (it does
+    not segment Chinese, Japanese or Korean). Returns one string per line, tokens joined by one
+    space. Raises TypeError if a line is not a ``str``.
+    """
+    normalizer, tokenizer = _moses(str(lang).replace("_", "-").split("-")[0].lower())
+    out = []
+    for line in lines:
+        if not isinstance(line, str):
+            raise TypeError(f"expected str lines, got {type(line).__name__}")
+        # the newline the Perl scripts read with each line lets normalize-punctuation's rule for a
+        # closing quote after a full stop (`."` → `".` in fr, de, ...) fire at the end of a line too
+        normalized = normalizer.normalize(" ".join(line.lower().split()) + "\n")
+        out.append(tokenizer.tokenize(normalized, return_str=True, escape=True).strip())
+    return out
+
+
+TOK_LC = "bleu_tok_lc"
+
+
+def _sacrebleu_metrics(tokenize: str = DEFAULT_TOKENIZE, tok_lc: bool = False) -> dict[str, BLEU | CHRF]:
+    """sacreBLEU's metric objects with ``corpus_bleu``/``corpus_chrf``'s defaults, BLEU with
+    ``tokenize``; with ``tok_lc`` also ``bleu_tok_lc``'s (lowercased, ``tokenize="none"``: its
+    text comes tokenized by :func:`moses_lc_tokenize`)."""
     _check_tokenize(tokenize, "tokenize")
-    return {
+    scorers: dict[str, BLEU | CHRF] = {
         "bleu": BLEU(tokenize=tokenize),
         "bleu_lc": BLEU(tokenize=tokenize, lowercase=True),
         "chrf": CHRF(),
     }
+    if tok_lc:
+        scorers[TOK_LC] = BLEU(tokenize="none", lowercase=True, force=True)
+    return scorers
 
 
 def _check_pairs(hypotheses: Sequence[str], references: Sequence[str]) -> None:
@@ -156,8 +199,12 @@ class CorpusScores(Metric):
     (``BLEU``/``CHRF`` ``_extract_corpus_statistics`` and ``_compute_score_from_stats``), so
     ``compute()`` equals ``sacrebleu.corpus_bleu``/``corpus_chrf`` on the same pairs exactly.
 
-    ``compute()`` returns ``{"bleu", "bleu_lc", "chrf"}``: Python floats in [0, 100] (0.0 for
-    all three when nothing was added).
+    ``tok_lc_lang``: the target language; when given, ``bleu_tok_lc`` is added: BLEU on the text
+    of :func:`moses_lc_tokenize` (lowercased, Moses-normalized and -tokenized, as published
+    Multi30k scores), summable the same way.
+
+    ``compute()`` returns ``{"bleu", "bleu_lc", "chrf"}`` (and ``"bleu_tok_lc"``): Python floats
+    in [0, 100] (0.0 for all when nothing was added).
     Raises:
         ValueError: ``tokenize`` is not one of sacreBLEU's tokenizers; from ``update``: the two
             lists differ in length.
@@ -168,10 +215,11 @@ class CorpusScores(Metric):
     higher_is_better = True
     full_state_update = False
 
-    def __init__(self, tokenize: str = DEFAULT_TOKENIZE, **kwargs):
+    def __init__(self, tokenize: str = DEFAULT_TOKENIZE, tok_lc_lang: str | None = None, **kwargs):
         super().__init__(**kwargs)
         self.tokenize = tokenize
-        self._scorers = _sacrebleu_metrics(tokenize)
+        self.tok_lc_lang = tok_lc_lang
+        self._scorers = _sacrebleu_metrics(tokenize, tok_lc=tok_lc_lang is not None)
         # sufficient statistics: BLEU's hyp/ref lengths + matches and totals per n-gram order,
         # chrF's three per order
         sizes = {
@@ -185,9 +233,15 @@ class CorpusScores(Metric):
         _check_pairs(hypotheses, references)
         if not hypotheses:
             return
-        refs = [list(references)]  # sacreBLEU takes reference *streams*
+        texts = {"": (list(hypotheses), [list(references)])}  # sacreBLEU takes reference *streams*
+        if self.tok_lc_lang is not None:
+            texts[TOK_LC] = (
+                moses_lc_tokenize(hypotheses, self.tok_lc_lang),
+                [moses_lc_tokenize(references, self.tok_lc_lang)],
+            )
         for key, scorer in self._scorers.items():
-            per_sentence = scorer._extract_corpus_statistics(list(hypotheses), refs)
+            hyps, refs = texts.get(key, texts[""])
+            per_sentence = scorer._extract_corpus_statistics(hyps, refs)
             state = getattr(self, f"{key}_stats")
             state += torch.tensor(per_sentence, dtype=torch.int64).sum(dim=0).to(state.device)
 
@@ -199,34 +253,42 @@ class CorpusScores(Metric):
 
 
 def corpus_scores(
-    hypotheses: Sequence[str], references: Sequence[str], tokenize: str = DEFAULT_TOKENIZE
+    hypotheses: Sequence[str],
+    references: Sequence[str],
+    tokenize: str = DEFAULT_TOKENIZE,
+    tok_lc_lang: str | None = None,
 ) -> dict[str, float]:
     """sacreBLEU on detokenized text, one reference per hypothesis (same order).
 
     Returns ``bleu`` (corpus BLEU, cased, tokenized by sacreBLEU's ``tokenize``: see
     :func:`bleu_tokenizer`), ``bleu_lc`` (lowercased) and ``chrf`` (chrF2), each a float in
     [0, 100], equal to ``sacrebleu.corpus_bleu(..., tokenize=tokenize)``/``corpus_chrf`` (via
-    :class:`CorpusScores`).
+    :class:`CorpusScores`); with ``tok_lc_lang`` (the target language) also ``bleu_tok_lc``,
+    ``sacrebleu.corpus_bleu`` with ``tokenize="none"`` on :func:`moses_lc_tokenize`'s text.
     Raises:
         ValueError: the two lists differ in length; ``tokenize`` is not a sacreBLEU tokenizer.
         TypeError: if an element is not a ``str``.
     """
-    metric = CorpusScores(tokenize, sync_on_compute=False)
+    metric = CorpusScores(tokenize, tok_lc_lang, sync_on_compute=False)
     metric.update(hypotheses, references)
     return metric.compute()
 
 
-def sacrebleu_signatures(tokenize: str = DEFAULT_TOKENIZE) -> dict[str, str]:
+def sacrebleu_signatures(tokenize: str = DEFAULT_TOKENIZE, tok_lc_lang: str | None = None) -> dict[str, str]:
     """sacreBLEU's signature of each score of :func:`corpus_scores` with ``tokenize``, for one
     reference stream.
 
     Keys ``bleu``, ``bleu_lc``, ``chrf``; values from sacreBLEU's ``get_signature()``, e.g.
     ``nrefs:1|case:mixed|eff:no|tok:13a|smooth:exp|version:2.6.0`` (``tok:zh`` for ``"zh"``).
+    With ``tok_lc_lang`` also ``bleu_tok_lc``: sacreBLEU's (``case:lc|…|tok:none``) followed by
+    what tokenized the text, e.g. ``|pre:lc.norm.tok.fr|sacremoses:0.2.0``.
     Raises:
         ValueError: ``tokenize`` is not one of sacreBLEU's tokenizers.
     """
     signatures = {}
-    for key, scorer in _sacrebleu_metrics(tokenize).items():
+    for key, scorer in _sacrebleu_metrics(tokenize, tok_lc=tok_lc_lang is not None).items():
         scorer.corpus_score(["."], [["."]])  # sacreBLEU fixes ``nrefs`` when it reads references
         signatures[key] = str(scorer.get_signature())
+    if tok_lc_lang is not None:
+        signatures[TOK_LC] += f"|pre:lc.norm.tok.{tok_lc_lang}|sacremoses:{sacremoses.__version__}"
     return signatures

@@ -133,7 +133,8 @@ def evaluate_summary(
     Args:
         name: model name.
         scores: what ``metrics/<model>.json`` holds: seq2seq ``bleu``, ``bleu_lc``, ``chrf``
-            (sacreBLEU, 0-100; the tokenizer shown is the ``tok`` of ``signature.bleu``) and
+            (sacreBLEU, 0-100; the tokenizer shown is the ``tok`` of ``signature.bleu``),
+            ``bleu_tok_lc`` (shown when present) and
             ``num_sentences`` (the same of each further test set in
             ``more_test_sets``: a row ``also`` each); NW ``mse``, ``mse_nonparametric``,
             ``mse_average_pooling``, ``w``, ``mse_<kernel>``, ``kernel_width``.
@@ -149,16 +150,19 @@ def evaluate_summary(
             ("bleu_lc", f"{scores['bleu_lc']:.2f}"),
             ("chrF", f"{scores['chrf']:.2f}"),
         ]
+        if "bleu_tok_lc" in scores:  # the papers' BLEU: lowercased, Moses-tokenized
+            rows.append(("bleu_tok_lc", f"{scores['bleu_tok_lc']:.2f} (as Multi30k papers score)"))
         more = scores.get("more_test_sets", {})
         rows += [
             (
                 "also",
-                f"{test_set}: BLEU {s['bleu']:.2f}, bleu_lc {s['bleu_lc']:.2f}, "
-                f"chrF {s['chrf']:.2f} ({s['num_sentences']} sentences)",
+                f"{test_set}: BLEU {s['bleu']:.2f}, bleu_lc {s['bleu_lc']:.2f}, chrF {s['chrf']:.2f}"
+                + (f", bleu_tok_lc {s['bleu_tok_lc']:.2f}" if "bleu_tok_lc" in s else "")
+                + f" ({s['num_sentences']} sentences)",
             )
             for test_set, s in more.items()
         ]
-        # test_bleu/<name>, test_bleu_lc/<name>, test_chrf/<name>: named once, not three times
+        # test_bleu/<name>, test_bleu_lc/<name>, ...: named once, not once per score
         logged = [k for k in logged if "/" not in k] + [f"test_*/{name}" for name in more]
     else:
         title = f"{name}: test MSE"

@@ -50,6 +50,9 @@ class Evaluation:
     more_hypotheses: dict[str, list[str]] = field(default_factory=dict)
 
 
+SCORES = ("bleu", "bleu_lc", "chrf", "bleu_tok_lc")  # each logged to MLflow as test_<score>
+
+
 def evaluate_translation(cfg: DictConfig, net: Transformer | Bahdanau) -> Evaluation:
     """Beam search (``model.decoding``: beam_size, alpha; bf16 autocast if ``bf16``) over the test
     split on the one device ``device`` names, detokenized and scored with sacreBLEU (corpus BLEU
@@ -57,13 +60,13 @@ def evaluate_translation(cfg: DictConfig, net: Transformer | Bahdanau) -> Evalua
     ja-mecab, ko → ko-mecab, else 13a) unless ``data.bleu_tokenize`` names one
     (:func:`attnlab.metrics.bleu_tokenizer`). The scores also say what was measured, as MT papers
     report it: corpus, src_lang, tgt_lang, test_set, the decoding settings and the sacreBLEU
-    signatures (``tok:zh``, ...).
+    signatures (``tok:zh``, ...). ``bleu_tok_lc`` is BLEU as published Multi30k results compute it,
+    on lowercased Moses-tokenized text (:func:`attnlab.metrics.moses_lc_tokenize`).
 
     Each split of ``data.more_test_splits`` (keys of ``data.splits``: Multi30k's test_2017_flickr)
     is decoded and scored the same way and reported under its file's name: ``more_test_sets``
-    in the scores (bleu, bleu_lc, chrf, num_sentences) and MLflow metrics ``test_bleu/<name>``,
-    ``test_bleu_lc/<name>`` and ``test_chrf/<name>``. The flat ``bleu``, ``bleu_lc`` and ``chrf``
-    stay the main test set's (``data.test_set``).
+    in the scores (bleu, bleu_lc, chrf, bleu_tok_lc, num_sentences) and MLflow metrics
+    ``test_<score>/<name>``. The flat scores stay the main test set's (``data.test_set``).
 
     Raises:
         NoTestSplitError: ``data`` has no test split (``data.test_set`` unset: D2L's fra_eng_d2l,
@@ -137,7 +140,7 @@ def evaluate_translation(cfg: DictConfig, net: Transformer | Bahdanau) -> Evalua
             alpha=decoding["alpha"],
             bf16=bf16,
         )
-        scores = corpus_scores(hypotheses, references, tokenize)
+        scores = corpus_scores(hypotheses, references, tokenize, cfg.data.tgt_lang)
         return {**scores, "num_sentences": len(hypotheses)}, hypotheses
 
     main, hypotheses = score("test")
@@ -148,19 +151,13 @@ def evaluate_translation(cfg: DictConfig, net: Transformer | Bahdanau) -> Evalua
         "tgt_lang": cfg.data.tgt_lang,
         "test_set": cfg.data.test_set,
     }
-    signatures = sacrebleu_signatures(tokenize)
+    signatures = sacrebleu_signatures(tokenize, cfg.data.tgt_lang)
     scores = {**main, **measured, "decoding": decoding, "signature": signatures}
-    logged = {"test_bleu": main["bleu"], "test_bleu_lc": main["bleu_lc"], "test_chrf": main["chrf"]}
+    logged = {f"test_{k}": main[k] for k in SCORES}
     if scored:
         scores["more_test_sets"] = {name: s for name, (s, _) in scored.items()}
         for name, (s, _) in scored.items():
-            logged.update(
-                {
-                    f"test_bleu/{name}": s["bleu"],
-                    f"test_bleu_lc/{name}": s["bleu_lc"],
-                    f"test_chrf/{name}": s["chrf"],
-                }
-            )
+            logged.update({f"test_{k}/{name}": s[k] for k in SCORES})
     return Evaluation(
         scores,
         logged,

@@ -40,17 +40,24 @@ def served_model_uri(name: str, version: int | str | None = None) -> str:
     return f"models:/{name}@{CHAMPION}" if version is None else f"models:/{name}/{version}"
 
 
-def serve_command(name: str, tracking_uri: str, version: int | str | None = None) -> str:
+SERVE_PORT = 5001  # the README's and docs/how-to/serve.md's port (MLflow's 5000 is its UI's)
+
+
+def serve_command(
+    name: str, tracking_uri: str, version: int | str | None = None, *, local: bool = True
+) -> str:
     """The shell command that serves registered model ``name``: its ``champion`` alias
     (the newest version), or ``version`` when given.
 
-    No ``--env-manager``: MLflow's default (``virtualenv``) builds the model's own
-    environment from its ``requirements.txt``
-    (:func:`attnlab.serving.requirements.served_requirements`), so the
-    command works on any machine that reaches the store (it needs pyenv; from the
-    project's virtualenv ``--env-manager local`` skips the build).
+    ``local`` (default): as the README runs it, on port :data:`SERVE_PORT` with
+    ``--env-manager local``: the model runs in this Python environment (the project's
+    ``.venv``), nothing is installed. ``local=False``: MLflow's default environment manager
+    (``virtualenv``) builds the model's own environment from its ``requirements.txt``
+    (:func:`attnlab.serving.requirements.served_requirements`), so the command works on any
+    machine that reaches the store and the package index (it needs pyenv).
     """
-    return f"MLFLOW_TRACKING_URI={tracking_uri} mlflow models serve -m {served_model_uri(name, version)}"
+    command = f"MLFLOW_TRACKING_URI={tracking_uri} mlflow models serve -m {served_model_uri(name, version)}"
+    return f"{command} -p {SERVE_PORT} --env-manager local" if local else command
 
 
 def log_served_model(export_dir: Path, model: str, run_id: str, tracking_uri: str) -> tuple[str, int]:
@@ -178,7 +185,7 @@ def log_served_model(export_dir: Path, model: str, run_id: str, tracking_uri: st
                 "tokens together (else HTTP 400; split the request); "
                 f'an empty sentence translates to "". Beam size {translator.beam_size} '
                 f"(param beam_size: 1 to {max(MAX_BEAM_SIZE, translator.beam_size)}), alpha "
-                f"{translator.alpha}. Serve: {serve_command(name, tracking_uri, version)}"
+                f"{translator.alpha}. Serve: {serve_command(name, tracking_uri, version, local=False)}"
             ),
         )
         step = f"setting the alias {CHAMPION} of"
