@@ -62,6 +62,13 @@ SCALE_COLUMNS = [
     "tokenize_pairs_per_s", "tokenize_rss_mb", "first_batch_s", "train_rss_mb", "loader_batches_per_s",
     "model_step_ms", "spm_sample", "max_tokens", "source",
 ]  # fmt: skip
+SERVE_CSV = Path("results/serve_load.csv")
+SERVE_COLUMNS = [
+    "run", "commit", "date", "machine", "cores", "concurrent", "model", "served_code", "engine", "beam_size",
+    "workers", "threads_per_worker", "load", "requests_per_s", "sentences_per_s", "p50_ms", "p95_ms",
+    "p99_ms", "offline_sentences_per_s", "served_vs_offline", "wrong_answers", "status_5xx", "rss_growth",
+    "source",
+]  # fmt: skip
 SPEED_CASES = {
     "layer_one_query": "the layer, one query (a decoder step)",
     "layer_all_queries": "the layer, every position a query",
@@ -449,6 +456,22 @@ def speed_rows(speed: Sequence[dict[str, str]]) -> list[list[str]]:
     ]  # fmt: skip
 
 
+def serve_rows(serve: Sequence[dict[str, str]]) -> list[list[str]]:
+    """One row per row of ``results/serve_load.csv``: the load, its rates and latencies, the
+    engine offline and the ratio, what was checked, and where it ran."""
+    return [
+        [r["load"], f"{float(r['requests_per_s']):.2f}", f"{float(r['sentences_per_s']):.1f}",
+         f"{float(r['p50_ms']):.0f} / {float(r['p95_ms']):.0f} / {float(r['p99_ms']):.0f}",
+         f"{float(r['offline_sentences_per_s']):.1f}",
+         f"{float(r['served_vs_offline']):.2f}" if r["served_vs_offline"] else "",
+         f"{r['wrong_answers']} / {r['status_5xx']}",
+         r["served_code"],
+         f"{r['engine']}, beam {r['beam_size']}, {r['workers']} × {r['threads_per_worker']} threads",
+         f"`{r['commit']}`", f"{r['machine']} ({r['cores']} cores)", r["concurrent"]]
+        for r in serve
+    ]  # fmt: skip
+
+
 def scale_rows(scale: Sequence[dict[str, str]]) -> list[list[str]]:
     """One row per row of ``results/corpus_scale.csv``; each peak RSS also as a ratio to the
     smallest corpus of the same run."""
@@ -477,6 +500,7 @@ def render_index(
     history: Sequence[dict[str, str]] = (),
     speed: Sequence[dict[str, str]] = (),
     scale: Sequence[dict[str, str]] = (),
+    serve: Sequence[dict[str, str]] = (),
 ) -> str:
     lines = [
         GENERATED,
@@ -567,6 +591,29 @@ def render_index(
                 ["what is timed", "batch", "additive (ms)", "dot (ms)", "additive / dot",
                  "multiply-adds, additive / dot", "commit", "machine (threads)", "beside it"],
                 speed_rows(speed),
+            ),
+            "",
+        ]  # fmt: skip
+    if serve:
+        lines += [
+            "## Serving: the served model against its engine",
+            "",
+            "`benchmarks/serve_load.py` loads `mlflow models serve --env-manager local` (with each "
+            "row's workers) on loopback and checks every answer (`results/serve_load.csv`). "
+            "Served code: what the registered version runs (the rows before this change serve a "
+            "version logged with the earlier code). Saturation: closed-loop "
+            "clients sending 1–32 Multi30k sentences per request, a quarter of the requests "
+            "invalid. Then open-loop loads at a fraction of that rate of requests (Poisson "
+            "arrivals), latency from each request's send time. Offline: the same export "
+            "translating the same sentences in one call in the benchmark's process, after the "
+            "server stopped; served / offline is the served sentences per second at saturation "
+            "over it. See [Serve the model](../how-to/serve.md).",
+            "",
+            *_table(
+                ["load", "requests/s", "sentences/s", "latency p50 / p95 / p99 (ms)",
+                 "offline (sentences/s)", "served / offline", "wrong answers / 5xx", "served code",
+                 "engine, workers × threads", "commit", "machine", "beside it"],
+                serve_rows(serve),
             ),
             "",
         ]  # fmt: skip
@@ -1033,6 +1080,29 @@ def _speed(root: Path) -> list[dict[str, str]]:
     return rows
 
 
+def _serve(root: Path) -> list[dict[str, str]]:
+    """The rows of results/serve_load.csv ([] without it).
+
+    Raises:
+        ValueError: its columns are not :data:`SERVE_COLUMNS`, or a rate or latency that is no
+            positive number.
+    """
+    rows = _optional_rows(root, SERVE_CSV, SERVE_COLUMNS)
+    for i, r in enumerate(rows, 2):
+        for column in (
+            "requests_per_s",
+            "sentences_per_s",
+            "p50_ms",
+            "p95_ms",
+            "p99_ms",
+            "offline_sentences_per_s",
+        ):
+            value = _number(r[column])
+            if value is None or value <= 0:
+                raise ValueError(f"{SERVE_CSV}:{i}: {column} {r[column]!r} is no positive number")
+    return rows
+
+
 def _scale(root: Path) -> list[dict[str, str]]:
     """The rows of results/corpus_scale.csv ([] without it).
 
@@ -1052,7 +1122,14 @@ def _scale(root: Path) -> list[dict[str, str]]:
 def _docs(root: Path, runs: Sequence[dict[str, str]], machines: Sequence[dict[str, str]]) -> dict[Path, str]:
     """The pages under docs/results/ → their text, from the CSVs under ``root``."""
     index = render_index(
-        runs, machines, _by_length(root), _images(root), _history(root), _speed(root), _scale(root)
+        runs,
+        machines,
+        _by_length(root),
+        _images(root),
+        _history(root),
+        _speed(root),
+        _scale(root),
+        _serve(root),
     )
     return {
         INDEX_MD: index,

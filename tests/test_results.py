@@ -329,7 +329,16 @@ def test_add_run_appends_one_row_per_model_and_rewrites_the_tables(tmp_path, cap
     assert [r["model"] for r in new] == ["transformer", "bahdanau", "nw"]
     t, b, n = new
     assert t["run"] == "abcdef1-xeon-amx" and t["commit"] == "abcdef1" and t["machine"] == "xeon-amx"
-    assert (t["profile"], t["recipe"], t["epochs"], t["precision"]) == ("default", "09bcf3d", "4", "fp32")
+    # the default profile's current recipe, and its epochs from that recipe's earlier rows
+    recipe = rt.current_recipe(before, "default")
+    epochs = {r["model"]: r["epochs"] for r in before if r["profile"] == "default" and r["recipe"] == recipe}
+    assert (t["profile"], t["recipe"], t["epochs"], t["precision"]) == (
+        "default",
+        recipe,
+        epochs["transformer"],
+        "fp32",
+    )
+    assert epochs["transformer"] and epochs["bahdanau"]
     assert (t["threads"], t["concurrent"], t["minutes_repro"], t["date"]) == (
         "1",
         "nothing",
@@ -342,7 +351,7 @@ def test_add_run_appends_one_row_per_model_and_rewrites_the_tables(tmp_path, cap
     heads = json.loads((ROOT / "metrics" / "transformer.heads.json").read_text())
     assert float(t["val_bleu_greedy"]) == heads["val_bleu"]
     assert (t["mlflow_run_id"], b["mlflow_run_id"], n["mlflow_run_id"]) == ("a" * 32, "b" * 32, "")
-    assert b["epochs"] == "2" and n["corpus"] == "synthetic" and n["nw_mse"]
+    assert b["epochs"] == epochs["bahdanau"] and n["corpus"] == "synthetic" and n["nw_mse"]
     assert "added abcdef1-xeon-amx transformer: 51.5123" in capsys.readouterr().out
 
     assert rt.stale(root) == []
@@ -350,9 +359,10 @@ def test_add_run_appends_one_row_per_model_and_rewrites_the_tables(tmp_path, cap
     default = index.split("## The full profile")[0]
     # the new run (51.5123) joins the recorded runs of the current recipe: one more, a new low
     current = [r for r in before if (r["profile"], r["recipe"], r["model"], r["tgt_lang"]) ==
-               ("default", "09bcf3d", "transformer", "fr") and r["test_2016_flickr_bleu"]]  # fmt: skip
+               ("default", recipe, "transformer", "fr") and r["test_2016_flickr_bleu"]]  # fmt: skip
     top = max(float(r["test_2016_flickr_bleu"]) for r in current)
-    assert f"| Transformer | en→fr | 51.51–{top:.2f} ({len(current) + 1} runs) |" in default
+    runs = f"{len(current) + 1} runs"
+    assert f"| Transformer | en→fr | 51.51–{top:.2f} ({runs}) |" in default
     assert "xeon-amx (1, 2)" in default
 
     # the same run again, or a machine that is not in machines.csv: nothing is added

@@ -297,6 +297,7 @@ class Result:
     status: int
     latency_s: float
     problem: str | None = None  # why the answer is wrong, None if it is right
+    inputs: list[str] = field(default_factory=list)  # a valid request's sentences
 
 
 @dataclass
@@ -353,9 +354,7 @@ def run_load(
                 n = 0
             else:
                 name, words = "valid", []
-                batch = [rng.choice(pool) for _ in range(rng.randint(1, max_sentences))]
-                while translator is not None and len(batch) > 1 and not _fits(translator, batch):
-                    batch.pop()
+                batch = valid_request(rng, pool, max_sentences, translator)
                 payload, n = {"inputs": batch}, len(batch)
             t0 = time.perf_counter()
             try:
@@ -365,7 +364,7 @@ def run_load(
             dt = time.perf_counter() - t0
             problem = _judge(name, batch if n else None, status, body, words, expected)
             with lock:
-                out.results.append(Result(name, n, status, dt, problem))
+                out.results.append(Result(name, n, status, dt, problem, batch if n else []))
 
     sampler = RssSampler(server_pid)
     sampler.start()
@@ -375,6 +374,66 @@ def run_load(
         t.start()
     for t in threads:
         t.join(timeout=max(1.0, t_end - time.perf_counter() + request_timeout_s))
+    out.wall_s = time.perf_counter() - t0
+    out.rss = sampler.stop()
+    return out
+
+
+def valid_request(rng: random.Random, pool: list[str], max_sentences: int, translator=None) -> list[str]:
+    """1–``max_sentences`` sentences drawn from ``pool``, the last dropped while over
+    ``translator``'s per-request limits (as :func:`run_load`'s valid requests)."""
+    batch = [rng.choice(pool) for _ in range(rng.randint(1, max_sentences))]
+    while translator is not None and len(batch) > 1 and not _fits(translator, batch):
+        batch.pop()
+    return batch
+
+
+def run_open_load(
+    base: str,
+    server_pid: int,
+    pool: list[str],
+    expected: dict[str, str] | None,
+    rate_rps: float,
+    requests: int,
+    max_sentences: int = 32,
+    seed: int = 0,
+    request_timeout_s: float = 120,
+    translator=None,
+) -> Load:
+    """Open-loop load: ``requests`` valid requests (as :func:`run_load`'s) sent at Poisson
+    arrival times of mean rate ``rate_rps`` (seeded), each from a thread of its own, whatever
+    the answers to earlier ones; every answer judged as :func:`run_load` judges it. A request's
+    latency counts from its own send time, so a queue in the server shows in the latency.
+    Returns:
+        :class:`Load`; ``wall_s`` from the first send to the last answer.
+    """
+    rng = random.Random(seed)
+    out, lock, url = Load(), threading.Lock(), f"{base}/invocations"
+    batches = [valid_request(rng, pool, max_sentences, translator) for _ in range(requests)]
+    gaps = [rng.expovariate(rate_rps) for _ in range(requests)]
+
+    def send(batch: list[str]) -> None:
+        t0 = time.perf_counter()
+        try:
+            status, body = post(url, {"inputs": batch}, request_timeout_s)
+        except OSError as e:
+            status, body = 0, f"{type(e).__name__}: {e}"
+        dt = time.perf_counter() - t0
+        problem = _judge("valid", batch, status, body, [], expected)
+        with lock:
+            out.results.append(Result("valid", len(batch), status, dt, problem, batch))
+
+    sampler = RssSampler(server_pid)
+    sampler.start()
+    t0 = time.perf_counter()
+    due, threads = t0, []
+    for batch, gap in zip(batches, gaps):
+        due += gap
+        time.sleep(max(0.0, due - time.perf_counter()))
+        threads.append(threading.Thread(target=send, args=(batch,), daemon=True))
+        threads[-1].start()
+    for t in threads:
+        t.join(timeout=request_timeout_s + 5)
     out.wall_s = time.perf_counter() - t0
     out.rss = sampler.stop()
     return out

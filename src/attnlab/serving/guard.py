@@ -108,9 +108,10 @@ def _guard_predict(predict):
 def error_answer(error: BaseException) -> tuple[str, int]:
     """(JSON body, HTTP status) of the served model's answer to ``error``, logged with its id.
 
-    A :class:`ServedModelError` answers its ``reason``, another MlflowException (the scoring
-    server's own, e.g. a body it cannot parse) the first line of its message; a server fault
-    (status 500, or any other exception) :data:`INTERNAL_MESSAGE`.
+    A :class:`ServedModelError` answers its ``reason`` (:data:`INTERNAL_MESSAGE` for a server
+    fault, a request past its deadline its own 504 message), another MlflowException (the
+    scoring server's own, e.g. a body it cannot parse) the first line of its message; another
+    server fault (status ≥ 500, or any other exception) :data:`INTERNAL_MESSAGE`.
     """
     error_id = uuid.uuid4().hex[:12]
     if isinstance(error, ServedModelError):
@@ -120,8 +121,8 @@ def error_answer(error: BaseException) -> tuple[str, int]:
         message, code, status = one_line(first), error.error_code, error.get_http_status_code()
     else:
         message, code, status = INTERNAL_MESSAGE, "INTERNAL_ERROR", 500
-    if status >= 500:  # a server fault: its message may name the server's files
-        message = INTERNAL_MESSAGE
+    if status >= 500 and not isinstance(error, ServedModelError):  # may name the server's files
+        message = INTERNAL_MESSAGE  # (a ServedModelError's reason is written for the client)
     logger.log(
         logging.ERROR if status >= 500 else logging.WARNING,
         "error id %s: HTTP %d %s: %s",

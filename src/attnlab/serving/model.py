@@ -51,16 +51,26 @@ import statement there becomes a new pinned requirement. Import modules with
 (``tests/test_served_env.py`` would then fail in its fresh virtualenv).
 """
 
-import mlflow
-import pandas as pd
-from mlflow.exceptions import MlflowException
-from mlflow.protos.databricks_pb2 import INVALID_PARAMETER_VALUE
+from attnlab.serving.threads import match_threads, passive_wait_policy
 
-from attnlab.serving.guard import install
-from attnlab.serving.malloc import cap_malloc_arenas
-from attnlab.serving.registry import EXPORT_ARTIFACT
-from attnlab.serving.signature import INPUT_COLUMN, check_beam_size, input_frame
-from attnlab.serving.translator import InputTooLongError, InvalidRequestError, Translator
+WAIT_POLICY = passive_wait_policy()  # before torch is imported (by the translator below): read once
+
+import logging  # noqa: E402 - after the wait policy is set
+import os  # noqa: E402
+
+import mlflow  # noqa: E402
+import pandas as pd  # noqa: E402
+from mlflow.exceptions import MlflowException  # noqa: E402
+from mlflow.protos.databricks_pb2 import DEADLINE_EXCEEDED, INVALID_PARAMETER_VALUE  # noqa: E402
+
+from attnlab.serving.batching import DeadlineExceededError, RequestBatcher  # noqa: E402
+from attnlab.serving.guard import ServedModelError, install  # noqa: E402
+from attnlab.serving.malloc import cap_malloc_arenas  # noqa: E402
+from attnlab.serving.registry import EXPORT_ARTIFACT  # noqa: E402
+from attnlab.serving.signature import INPUT_COLUMN, check_beam_size, input_frame  # noqa: E402
+from attnlab.serving.translator import InputTooLongError, InvalidRequestError, Translator  # noqa: E402
+
+log = logging.getLogger("attnlab.serving")
 
 
 class TranslationModel(mlflow.pyfunc.PythonModel):
@@ -72,11 +82,25 @@ class TranslationModel(mlflow.pyfunc.PythonModel):
     def load_context(self, context) -> None:
         """Load the export folder ``context.artifacts["export"]`` (programs + spm.model), cap
         glibc's malloc arenas so the server's memory stays flat under concurrent requests
-        (:func:`attnlab.serving.malloc.cap_malloc_arenas`), and install
-        :func:`attnlab.serving.guard.install` (signature checks, one-line errors with an id)."""
+        (:func:`attnlab.serving.malloc.cap_malloc_arenas`), match torch's threads to the cores
+        and the server's workers (:func:`attnlab.serving.threads.match_threads`), batch
+        concurrent requests (:class:`attnlab.serving.batching.RequestBatcher`, each request's
+        deadline the scoring server's ``MLFLOW_SCORING_SERVER_REQUEST_TIMEOUT``, 60 s by
+        default), and install :func:`attnlab.serving.guard.install` (signature checks,
+        one-line errors with an id)."""
         cap_malloc_arenas()
         install()
+        threads = match_threads()
+        log.info(
+            "served model: %(workers)d worker(s) on %(cores)d core(s), %(threads)d torch "
+            "thread(s) each (set by %(set_by)s), OpenMP wait policy %(policy)s",
+            {**threads, "policy": WAIT_POLICY or "not set (torch was imported first)"},
+        )
         self.translator = Translator(context.artifacts[EXPORT_ARTIFACT])
+        self.translator.request_timeout_s = float(
+            os.environ.get("MLFLOW_SCORING_SERVER_REQUEST_TIMEOUT") or 60
+        )
+        self.translator.batcher = RequestBatcher(self.translator.decode_batch)
 
     def predict(self, context, model_input: pd.DataFrame, params: dict | None = None) -> list:
         """Translate each input of the column ``text``; N rows → list of N str, input order;
@@ -103,6 +127,8 @@ class TranslationModel(mlflow.pyfunc.PythonModel):
             )
         except (InputTooLongError, InvalidRequestError) as e:
             raise MlflowException(str(e), error_code=INVALID_PARAMETER_VALUE) from None
+        except DeadlineExceededError as e:  # HTTP 504, as the scoring server's own timeout
+            raise ServedModelError(str(e), DEADLINE_EXCEEDED) from None
 
 
 mlflow.models.set_model(TranslationModel())

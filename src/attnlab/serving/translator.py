@@ -25,6 +25,7 @@ import torch
 from attnlab.data.special_tokens import BOS_ID, EOS_ID
 from attnlab.errors import MissingFileError, UserError
 from attnlab.inference.decoding import decodable, translate
+from attnlab.serving.batching import RequestBatcher
 from attnlab.serving.sentences import Split, split_sentences
 
 # Longest source sentence a served/translated export accepts, in characters (Unicode code
@@ -269,6 +270,28 @@ def _labels(splits: list[Split]) -> list[str]:
     ]
 
 
+class _PreEncoded:
+    """A tokenizer whose ``encode`` answers the given sentences with their known ids (any
+    other sentence is encoded), so decoding does not tokenize a checked request again."""
+
+    def __init__(self, tokenizer, sentences: Sequence[str], ids: Sequence[list[int]]):
+        self._tokenizer, self._ids = tokenizer, dict(zip(sentences, ids))
+
+    def encode(self, sentences: Sequence[str]) -> list[list[int]]:
+        known = self._ids
+        missing = [s for s in sentences if s not in known]
+        fresh = dict(zip(missing, self._tokenizer.encode(missing))) if missing else {}
+        return [known[s] if s in known else fresh[s] for s in sentences]
+
+    def encode_sources(self, sentences: Sequence[str]):
+        from attnlab.data.tokenizer import pad_sources  # as SentencePieceTokenizer.encode_sources
+
+        return pad_sources(self.encode(list(sentences)))
+
+    def __getattr__(self, name: str):
+        return getattr(self._tokenizer, name)
+
+
 class Translator:
     """An export folder as a text-in, text-out translator.
 
@@ -326,6 +349,10 @@ class Translator:
         self.engines: list[str] = list(self.config.get("engines") or ["torch"])
         self._ctranslate2: dict[str, object] = {}
         self.engine = self.check_engine(engine)
+        # the served model sets these (attnlab.serving.model): requests of serve() are decoded in
+        # batches with other requests, each answered or refused within its timeout
+        self.batcher: RequestBatcher | None = None
+        self.request_timeout_s = 60.0
 
     def check_engine(self, engine: str) -> str:
         """``engine`` if this export holds it, else :class:`UnknownEngineError` naming those it has."""
@@ -374,6 +401,10 @@ class Translator:
         return splits, ids
 
     def check_request(self, sentences: Sequence[str]) -> list[Split]:
+        """:meth:`checked_request`'s splits."""
+        return self.checked_request(sentences)[0]
+
+    def checked_request(self, sentences: Sequence[str]) -> tuple[list[Split], list[list[int]]]:
         """Check one request of the served model against every limit, cheapest first.
 
         ``sentences`` must be a non-empty list of str (the inputs); then at most
@@ -383,7 +414,9 @@ class Translator:
         before any input is read, the token checks after the character checks.
 
         Returns:
-            The inputs' :class:`~attnlab.serving.sentences.Split`, as :meth:`split`.
+            The inputs' :class:`~attnlab.serving.sentences.Split`, as :meth:`split`, and the
+            token ids of all their sentences in order (``tokenizer.encode``), which decoding
+            reuses: a request is tokenized once.
 
         Raises:
             InvalidRequestError: ``sentences`` is not a list/tuple, or an item is not a str
@@ -439,7 +472,7 @@ class Translator:
                 f"(serving.max_request_tokens; text without spaces, digits and rare scripts "
                 "take more tokens per character). Split it into requests of fewer sentences."
             )
-        return splits
+        return splits, ids
 
     def __call__(self, sentences: Sequence[str]) -> list[str]:
         """Translate ``sentences`` (list of str, the inputs) → one str per input, input order:
@@ -479,8 +512,10 @@ class Translator:
         details: bool = False,
         beam_size: int | None = None,
     ) -> list[str] | list[dict]:
-        """One request of the served model: :meth:`check_request`, then translate like
-        :meth:`__call__` with ``engine`` (default: this translator's) and ``beam_size``
+        """One request of the served model: :meth:`checked_request`, then translate like
+        :meth:`__call__` (in a batch with other requests when :attr:`batcher` is set, the
+        served model's: :mod:`attnlab.serving.batching`) with ``engine`` (default: this
+        translator's) and ``beam_size``
         (default: this translator's; 1 is greedy, and gives exactly what a
         ``Translator(..., beam_size=1)`` gives; the caller checks its bounds,
         :func:`attnlab.serving.signature.check_beam_size`). With ``details`` each answer is
@@ -493,13 +528,38 @@ class Translator:
                 as :meth:`check_request`; nothing is decoded then.
             FileNotFoundError, NoAttentionError: as :meth:`align` (the latter an
                 InvalidRequestError: HTTP 400 from the served model).
+            DeadlineExceededError: batched, the request waited :attr:`request_timeout_s`
+                before its batch began; it was not decoded.
         """
         engine = self.check_engine(engine or self.engine)
-        splits = self.check_request(sentences)
-        translations = self._translations(splits, engine, alignments=alignments, beam_size=beam_size)
+        splits, ids = self.checked_request(sentences)
+        if self.batcher is not None and not alignments:
+            beam = self.beam_size if beam_size is None else int(beam_size)
+            tokens = sum(len(seq) for seq in ids)
+            translations = self.batcher.submit((engine, beam), (splits, ids), tokens, self.request_timeout_s)
+        else:
+            translations = self._translations(
+                splits, engine, alignments=alignments, beam_size=beam_size, ids=ids
+            )
         if alignments or details:
             return [t.as_json() for t in translations]
         return [t.translation for t in translations]
+
+    def decode_batch(self, key: tuple[str, int], requests: list) -> list[list[Translation]]:
+        """Checked requests ``[(splits, ids), ...]`` (:meth:`checked_request`'s) translated as
+        one decoding batch with ``key`` = (engine, beam_size); one list of
+        :class:`Translation` per request, as :meth:`serve` alone gives it (the decoder is batch
+        invariant). :class:`attnlab.serving.batching.RequestBatcher` calls it."""
+        engine, beam_size = key
+        splits = [split for request_splits, _ in requests for split in request_splits]
+        ids = [seq for _, request_ids in requests for seq in request_ids]
+        # one decoding batch, however many sentences: the batcher's token budget bounds them
+        flat = self._translations(splits, engine, beam_size=beam_size, ids=ids, batch_size=max(1, len(ids)))
+        out, start = [], 0
+        for request_splits, _ in requests:
+            out.append(flat[start : start + len(request_splits)])
+            start += len(request_splits)
+        return out
 
     def _translations(
         self,
@@ -507,16 +567,19 @@ class Translator:
         engine: str | None = None,
         alignments: bool = False,
         beam_size: int | None = None,
+        ids: list[list[int]] | None = None,
+        batch_size: int | None = None,
     ) -> list[Translation]:
-        """The checked inputs' sentences translated together (one decoding batch) with
-        ``engine`` and ``beam_size`` (defaults: this translator's), then joined per input; with
-        ``alignments`` each sentence's :class:`Alignment` too."""
+        """The checked inputs' sentences translated together with ``engine``, ``beam_size`` and
+        ``batch_size`` (defaults: this translator's), then joined per input; with ``alignments``
+        each sentence's :class:`Alignment` too. ``ids``: the sentences' token ids when the caller
+        has them (not encoded again)."""
         sentences = [s for split in splits for s in split.sentences]
         if alignments:
             aligned = self._align(sentences, engine, beam_size)
             flat = [a.translation for a in aligned]
         else:
-            aligned, flat = None, self._decode(sentences, engine, beam_size)
+            aligned, flat = None, self._decode(sentences, engine, beam_size, ids, batch_size)
         out, start = [], 0
         for split in splits:
             stop = start + len(split.sentences)
@@ -532,20 +595,28 @@ class Translator:
         return out
 
     def _translate(
-        self, sentences: list[str], engine: str | None = None, beam_size: int | None = None
+        self,
+        sentences: list[str],
+        engine: str | None = None,
+        beam_size: int | None = None,
+        ids: list[list[int]] | None = None,
+        batch_size: int | None = None,
     ) -> list[list[int]]:
         """Output ids of checked sentences with ``engine`` and ``beam_size`` (defaults: this
         translator's); those without text give [] undecoded
-        (:func:`attnlab.inference.decoding.translate` skips them)."""
+        (:func:`attnlab.inference.decoding.translate` skips them). ``ids``: the sentences'
+        source ids (``tokenizer.encode``), reused by the torch engine; ``batch_size``: sentences
+        decoded together (default :attr:`batch_size`)."""
         engine = engine or self.engine
         beam_size = self.beam_size if beam_size is None else int(beam_size)
+        batch_size = self.batch_size if batch_size is None else int(batch_size)
         if engine == "torch":
             return translate(
                 self.init_state,
                 self.step,
-                self.tokenizer,
+                self.tokenizer if ids is None else _PreEncoded(self.tokenizer, sentences, ids),
                 sentences,
-                batch_size=self.batch_size,
+                batch_size=batch_size,
                 beam_size=beam_size,
                 alpha=self.alpha,
             )
@@ -557,14 +628,20 @@ class Translator:
                 self.export_dir / "ctranslate2" / quantization, self.tokenizer
             )
         return self._ctranslate2[engine].translate(
-            sentences, beam_size=beam_size, alpha=self.alpha, batch_size=self.batch_size
+            sentences, beam_size=beam_size, alpha=self.alpha, batch_size=batch_size
         )
 
     def _decode(
-        self, sentences: list[str], engine: str | None = None, beam_size: int | None = None
+        self,
+        sentences: list[str],
+        engine: str | None = None,
+        beam_size: int | None = None,
+        ids: list[list[int]] | None = None,
+        batch_size: int | None = None,
     ) -> list[str]:
         """Translate checked sentences (:meth:`_translate`), detokenized."""
-        return [self.tokenizer.decode(ids) for ids in self._translate(sentences, engine, beam_size)]
+        decoded = self._translate(sentences, engine, beam_size, ids, batch_size)
+        return [self.tokenizer.decode(out) for out in decoded]
 
     def _cross_attention(self):
         """The export's attention function and its ``config.json`` entry, loaded once."""
