@@ -169,7 +169,7 @@ def test_the_headline_is_the_range_of_the_current_recipe(tmp_path):
     index = (root / "docs/results/index.md").read_text()
     assert index.startswith(rt.GENERATED + "\n")
     assert "The recipe as of `r2`: 5 runs on 2 machines (box-a, box-b)." in index
-    row = "| Transformer | en→fr | 51.62–52.43 (4 runs) | — | 43.83–44.46 (2 runs) | 53.14–53.50 (2 runs) | {} |"  # noqa: E501
+    row = "| Transformer | en→fr | 51.62–52.43 (4 runs) | — | 43.83–44.46 (2 runs) | 53.14–53.50 (2 runs) | {} |"  # noqa: E501 - one table row, as generated
     assert row.format("box-a (2, ?), box-b (1, 2)") in index
     assert "| Transformer | en→de | 34.39 (1 run) | — | — | — | box-a (?) |" in index
     assert "| Nadaraya–Watson | (synthetic) | 0.0955 (1 run) | — | — | — | box-a (2) |" in index
@@ -183,7 +183,7 @@ def test_the_headline_is_the_range_of_the_current_recipe(tmp_path):
     assert before == "# Tiny\n\nBefore.\n\n" and after == "\n\nAfter.\n"
     assert block.startswith(rt.GENERATED)
     # the README names no machine and no thread count: those are on the docs' results pages
-    headline = "| default | Transformer | en→fr | 51.62–52.43 (4 runs) | 43.83–44.46 (2 runs) | 53.14–53.50 (2 runs) |"  # noqa: E501
+    headline = "| default | Transformer | en→fr | 51.62–52.43 (4 runs) | 43.83–44.46 (2 runs) | 53.14–53.50 (2 runs) |"  # noqa: E501 - one table row, as generated
     assert headline + "\n" in block
     assert "| full | Transformer | en→fr | 59.73 (1 run) | — | — |\n" in block
     assert "box-a" not in block and "box-b" not in block

@@ -55,20 +55,20 @@ from attnlab.serving.threads import match_threads, passive_wait_policy
 
 WAIT_POLICY = passive_wait_policy()  # before torch is imported (by the translator below): read once
 
-import logging  # noqa: E402 - after the wait policy is set
-import os  # noqa: E402
+import logging  # noqa: E402 - after passive_wait_policy()
+import os  # noqa: E402 - after passive_wait_policy()
 
-import mlflow  # noqa: E402
-import pandas as pd  # noqa: E402
-from mlflow.exceptions import MlflowException  # noqa: E402
-from mlflow.protos.databricks_pb2 import DEADLINE_EXCEEDED, INVALID_PARAMETER_VALUE  # noqa: E402
+import mlflow  # noqa: E402 - after passive_wait_policy()
+import pandas as pd  # noqa: E402 - after passive_wait_policy()
+from mlflow.exceptions import MlflowException  # noqa: E402 - after passive_wait_policy()
+from mlflow.protos.databricks_pb2 import DEADLINE_EXCEEDED, INVALID_PARAMETER_VALUE  # noqa: E402 - after passive_wait_policy()
 
-from attnlab.serving.batching import DeadlineExceededError, RequestBatcher  # noqa: E402
-from attnlab.serving.guard import ServedModelError, install  # noqa: E402
-from attnlab.serving.malloc import cap_malloc_arenas  # noqa: E402
-from attnlab.serving.registry import EXPORT_ARTIFACT  # noqa: E402
-from attnlab.serving.signature import INPUT_COLUMN, check_beam_size, input_frame  # noqa: E402
-from attnlab.serving.translator import InputTooLongError, InvalidRequestError, Translator  # noqa: E402
+from attnlab.serving.batching import DeadlineExceededError, RequestBatcher  # noqa: E402 - after passive_wait_policy()
+from attnlab.serving.guard import ServedModelError, install  # noqa: E402 - after passive_wait_policy()
+from attnlab.serving.malloc import cap_malloc_arenas  # noqa: E402 - after passive_wait_policy()
+from attnlab.serving.registry import EXPORT_ARTIFACT  # noqa: E402 - after passive_wait_policy()
+from attnlab.serving.signature import INPUT_COLUMN, check_beam_size, input_frame  # noqa: E402 - after passive_wait_policy()
+from attnlab.serving.translator import InputTooLongError, InvalidRequestError, Translator  # noqa: E402 - after passive_wait_policy()
 
 log = logging.getLogger("attnlab.serving")
 
