@@ -3,6 +3,7 @@ and those apps answer a user's error with its message alone (``attnlab.console.e
 
 import json
 import os
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -126,6 +127,9 @@ def _toy(folder: Path, *args: str, **env: str) -> subprocess.CompletedProcess:
         text=True,
         timeout=120,
         env={k: v for k, v in os.environ.items() if k != "HYDRA_FULL_ERROR"} | env,
+        # Ctrl-C's default action, as a shell gives a command: a child inherits an ignored SIGINT
+        # (set by whatever ran before in this test process), and the ctrl-c app would never stop
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
     )
 
 
