@@ -33,7 +33,9 @@ quarter of the run and its growth; then ``offline_sentences_per_s``, ``served_vs
 Sentences: the tiny model's 48 training sentences, or for ``--model`` the first
 ``--pool`` English sentences of Multi30k test_2016_flickr (``$ATTNLAB_DATA_MIRROR``
 or ../shared/data), translated once up front as the reference (``--no-check``: only
-count them). Exits 1 when an answer was wrong or a 5xx came back.
+count them). ``--engine ctranslate2`` (or another engine the export holds) sends it as each
+valid request's ``engine`` param and decodes the reference and the offline run with it too.
+Exits 1 when an answer was wrong or a 5xx came back.
 """
 
 import argparse
@@ -113,7 +115,11 @@ def main() -> None:
     p.add_argument("--warmup", type=int, default=4, help="unmeasured valid requests per client first")
     p.add_argument("--max-sentences", type=int, default=32, help="most sentences per valid request")
     p.add_argument("--pool", type=int, default=64, help="Multi30k sentences drawn from (--model)")
-    p.add_argument("--workers", type=int, help="uvicorn workers (default: MLflow's, the CPU count)")
+    p.add_argument("--workers", type=int, help="uvicorn workers (default: MLflow's, 1)")
+    p.add_argument(
+        "--engine",
+        help="decode with this engine of the export (each request's params; default: the export's)",
+    )
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--deadline", type=float, default=1800, help="stop sending after this many s")
     p.add_argument("--no-check", action="store_true", help="do not compare translations")
@@ -142,6 +148,13 @@ def main() -> None:
             model_uri, tracking_uri = tiny_model(tmp)
             pool = [en for en, _ in PAIRS]
         translator: Translator = mlflow.pyfunc.load_model(model_uri).unwrap_python_model().translator
+        # all the cores for this process's decoding (the reference, the offline run), before an
+        # engine is first used: CTranslate2's takes torch's thread count then
+        torch.set_num_threads(len(os.sched_getaffinity(0)))
+        params = None
+        if a.engine:  # the offline decode and the expected answers use it too
+            translator.engine = translator.check_engine(a.engine)
+            params = {"engine": a.engine}
         t0 = time.perf_counter()
         expected = None if a.no_check else dict(zip(pool, translator(pool)))
         reference_s = time.perf_counter() - t0
@@ -163,6 +176,7 @@ def main() -> None:
                 seed=a.seed + 1000,
                 deadline_s=a.deadline,
                 translator=translator,
+                params=params,
             )
             load = run_load(
                 base,
@@ -177,6 +191,7 @@ def main() -> None:
                 seed=a.seed,
                 deadline_s=a.deadline,
                 translator=translator,
+                params=params,
             )
             valid = [r for r in load.results if r.kind == "valid" and r.status == 200]
             saturation_rps = len(valid) / load.wall_s
@@ -194,15 +209,15 @@ def main() -> None:
                         max_sentences=a.max_sentences,
                         seed=a.seed + 2000 + i,
                         translator=translator,
+                        params=params,
                     ),
                 )
                 for i, fraction in enumerate(a.fractions)
             ]
         finally:
             stop_server(server)
-    # the engine alone, on the same sentences, with the server stopped: all the cores for torch
+    # the engine alone, on the same sentences, with the server stopped: all the cores (set above)
     sentences = [s for r in valid for s in r.inputs]
-    torch.set_num_threads(len(os.sched_getaffinity(0)))
     t0 = time.perf_counter()
     translator(sentences)
     offline = len(sentences) / (time.perf_counter() - t0)
@@ -225,7 +240,11 @@ def main() -> None:
         "requests_per_client": a.requests,
         "invalid_every": a.invalid_every,
         "workers": a.workers or 1,
-        "threads_per_worker": max(1, len(os.sched_getaffinity(0)) // (a.workers or 1)),
+        "threads_per_worker": (  # the served model's rule (attnlab.serving.threads); the user's setting wins
+            int(os.environ["OMP_NUM_THREADS"])
+            if os.environ.get("OMP_NUM_THREADS", "").isdigit()
+            else max(1, len(os.sched_getaffinity(0)) // (a.workers or 1))
+        ),
         "beam_size": translator.beam_size,
         "engine": translator.engine,
         "server_up_s": round(up_s, 1),

@@ -29,14 +29,13 @@ timed; CTranslate2 loads its model on this first call), then waits. The parent t
 round, so that machine noise hits all alike), decodes all the sentences once, timed from
 text in to ids out: tokenization, batching (``--batch-size`` sentences, sorted by length) and
 decoding are in the time, detokenization is not. Threads: ``torch.set_num_threads(--threads)``
-in every worker; ``Translator`` does not expose CTranslate2's ``intra_threads`` and leaves it
-at 0, so every worker gets ``OMP_NUM_THREADS=--threads`` in its environment, which
-CTranslate2's OpenMP then uses (``os_threads`` in the table counts the worker's OS threads:
-with ``--threads 1`` a CTranslate2 worker has 2, its main thread and its one translation
-thread). On busy cores, OpenMP threads that spin-wait (the default of both) slow down badly:
-on this project's 2-core machine at load average 4-5, torch with 2 threads decoded 20× slower
-than with 1 (2.3× slower with ``OMP_WAIT_POLICY=PASSIVE``, which the workers inherit when it
-is set). The output then carries a note; compare engines on an idle machine.
+in every worker; ``Translator`` gives CTranslate2 torch's thread count as ``intra_threads``,
+and every worker also gets ``OMP_NUM_THREADS=--threads`` in its environment (``os_threads`` in
+the table counts the worker's OS threads: with ``--threads 1`` a CTranslate2 worker has 2, its
+main thread and its one translation thread). On busy cores, OpenMP threads that spin-wait (the
+default of both) slow down badly: on this project's 2-core machine at load average 4-5, torch
+with 2 threads decoded 20× slower than with 1 (2.3× slower with ``OMP_WAIT_POLICY=PASSIVE``,
+which the workers inherit when it is set). The output then carries a note; compare engines on an idle machine.
 
 Per engine × mode: sentences/s and target tokens/s (the generated sentencepiece pieces, the
 ``</s>`` and anything after it not counted), wall seconds of one pass over the set, each as
@@ -736,7 +735,7 @@ def main() -> None:
             ctranslate2=version("ctranslate2"),
             sacrebleu=version("sacrebleu"),
             threads=a.threads,
-            ct2_threads=f"intra_threads 0 (Translator's), OMP_NUM_THREADS={a.threads}",
+            ct2_threads=f"intra_threads {a.threads} (Translator's: torch's), OMP_NUM_THREADS={a.threads}",
             omp_wait_policy=os.environ.get("OMP_WAIT_POLICY"),
             sentences=len(sources),
             cap_tokens=caps,

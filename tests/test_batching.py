@@ -5,6 +5,10 @@ batches it made), then with the tests' tiny exported Transformer: requests merge
 batch get exactly what each gets alone.
 """
 
+import json
+import os
+import subprocess
+import sys
 import threading
 import time
 from pathlib import Path
@@ -191,3 +195,50 @@ def test_threads_match_cores_over_workers_and_the_users_setting_wins(monkeypatch
         assert torch.get_num_threads() == 1  # left as the user set it
     finally:
         torch.set_num_threads(before)
+
+
+LOAD_MODEL = r"""
+import json, os, sys
+from types import SimpleNamespace
+from attnlab.serving.model import TranslationModel
+import torch
+torch.set_num_threads(int(sys.argv[2]))  # what the caller had
+model = TranslationModel()
+model.load_context(SimpleNamespace(artifacts={"export": sys.argv[1]}))
+print(json.dumps({"threads": torch.get_num_threads(), "batched": model.translator.batcher is not None,
+                  "wait_policy": os.environ.get("OMP_WAIT_POLICY")}))
+"""
+# uvicorn's parent process, as `mlflow models serve -w 2` starts it: its workers' parent has
+# "uvicorn ... --workers 2" on its command line
+AS_UVICORN = r"""
+import subprocess, sys
+sys.exit(subprocess.run([sys.executable, "-c", sys.argv[1], *sys.argv[2:4]]).returncode)
+"""
+
+
+@pytest.mark.parametrize("as_server", [False, True])
+def test_only_the_scoring_server_batches_and_sets_threads(translator, as_server):
+    """A script that loads the served model keeps its threads and decodes at once; a worker of
+    MLflow's scoring server (its environment variable set, its parent "uvicorn --workers 2")
+    gets cores // 2 threads, passive OpenMP waits and the batcher."""
+    env = {k: v for k, v in os.environ.items() if k not in ("OMP_NUM_THREADS", "OMP_WAIT_POLICY")}
+    env.pop(served_threads.SCORING_SERVER_ENV, None)
+    matched = max(1, served_threads.usable_cores() // 2)
+    before = str(matched + 1)  # never what the server's rule gives
+    argv = [sys.executable, "-c", LOAD_MODEL, str(translator.export_dir), before]
+    if as_server:
+        env[served_threads.SCORING_SERVER_ENV] = str(translator.export_dir)
+        argv = [sys.executable, "-c", AS_UVICORN, LOAD_MODEL, str(translator.export_dir), before]
+        argv += ["uvicorn", "--workers", "2", "mlflow.pyfunc.scoring_server.app:app"]
+    out = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=300, check=True)
+    got = json.loads(out.stdout.strip().splitlines()[-1])
+    if as_server:
+        assert got == {"threads": matched, "batched": True, "wait_policy": "PASSIVE"}
+    else:
+        assert got == {"threads": matched + 1, "batched": False, "wait_policy": None}
+
+
+def test_the_scoring_server_variable_is_mlflows():
+    from mlflow.pyfunc import scoring_server
+
+    assert served_threads.SCORING_SERVER_ENV == scoring_server._SERVER_MODEL_PATH

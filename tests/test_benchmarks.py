@@ -118,3 +118,30 @@ def test_the_corpus_scale_benchmark_runs_at_a_tiny_size(tmp_path, capsys, monkey
     assert list(recorded) == corpus_scale.RECORD_COLUMNS
     assert (recorded["machine"], recorded["pairs"]) == ("xeon-amx", "2000")
     assert float(recorded["tokenize_s"]) == pytest.approx(row["tokenize_s"], rel=1e-3)
+
+
+def test_serve_load_records_rows_the_results_tables_read(tmp_path):
+    serve_load = _load(ROOT / "benchmarks" / "serve_load.py", "serve_load")
+    assert serve_load.RECORD_COLUMNS == rt.SERVE_COLUMNS
+    (tmp_path / "results").mkdir()
+    level = {
+        "p50_ms": 100.0, "p95_ms": 150.0, "p99_ms": 190.0, "wrong_answers": 0,
+        "by_status": {"200": 9, "400": 3},
+    }  # fmt: skip
+    result = {
+        "model": "models:/attnlab-transformer/3", "engine": "torch", "beam_size": 5, "workers": 2,
+        "threads_per_worker": 1, "offline_sentences_per_s": 200.0, "clients": 8,
+        "by_status": {"200": 30, "504": 1}, "saturation_requests_per_s": 10.0, "sentences_per_s": 170.0,
+        "served_vs_offline": 0.85, "wrong_answers": 0, "rss_growth": 0.01,
+        **{k: v for k, v in level.items() if k.startswith("p")},
+        "by_load": [{**level, "fraction": 0.5, "requests_per_s": 5.0, "sentences_per_s": 85.0}],
+    }  # fmt: skip
+    serve_load.record(result, tmp_path / rt.SERVE_CSV, "xeon-amx", "pytest", "this change")
+    rows = rt._serve(tmp_path)
+    assert [(r["load"], r["status_5xx"], r["served_vs_offline"]) for r in rows] == [
+        ("saturation (8 closed-loop clients)", "1", "0.85"),
+        ("0.5 of saturation (open loop)", "0", ""),
+    ]
+    assert {(r["machine"], r["workers"], r["served_code"], r["sentences_per_s"]) for r in rows} == {
+        ("xeon-amx", "2", "this change", "170.0"), ("xeon-amx", "2", "this change", "85.0"),
+    }  # fmt: skip

@@ -1,4 +1,4 @@
-"""The served model caps glibc's malloc arenas (:mod:`attnlab.serving.malloc`) when it loads.
+"""The scoring server caps glibc's malloc arenas (:mod:`attnlab.serving.malloc`) when it loads the model.
 
 Counted with glibc's own ``malloc_info``: 8 threads that allocate at the same time get
 their own arenas unless the cap holds (the load behaviour it fixes is measured by
@@ -13,6 +13,7 @@ import sys
 import pytest
 
 from attnlab.serving.malloc import cap_malloc_arenas
+from attnlab.serving.threads import SCORING_SERVER_ENV
 from helpers.serve_harness import tiny_export
 
 COUNT_ARENAS = r"""
@@ -48,7 +49,7 @@ def _arenas(cap: str, **env: str) -> tuple[str, int]:
     clean = {
         k: v
         for k, v in os.environ.items()
-        if k not in ("MALLOC_ARENA_MAX", "GLIBC_TUNABLES", "ATTNLAB_MALLOC_ARENAS")
+        if k not in ("MALLOC_ARENA_MAX", "GLIBC_TUNABLES", "ATTNLAB_MALLOC_ARENAS", SCORING_SERVER_ENV)
     }
     out = subprocess.run(
         [sys.executable, "-c", COUNT_ARENAS, cap],
@@ -76,10 +77,12 @@ def test_the_users_malloc_arena_max_wins():
 
 
 @glibc
-def test_loading_the_served_model_caps_the_arenas(tmp_path):
+def test_the_scoring_server_caps_the_arenas_when_it_loads_the_model(tmp_path):
     export = tiny_export(tmp_path, {"beam_size": 1}, 80)
-    assert _arenas(f"served:{export}") == ("served", 2)
-    assert _arenas(f"served:{export}", ATTNLAB_MALLOC_ARENAS="0")[1] >= 9  # the opt-out
+    server = {SCORING_SERVER_ENV: str(export)}  # as MLflow's scoring server starts
+    assert _arenas(f"served:{export}", **server) == ("served", 2)
+    assert _arenas(f"served:{export}", ATTNLAB_MALLOC_ARENAS="0", **server)[1] >= 9  # the opt-out
+    assert _arenas(f"served:{export}")[1] >= 9  # a script that loads the model keeps its malloc
 
 
 def test_a_bad_cap_is_refused(monkeypatch):

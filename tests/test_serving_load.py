@@ -12,6 +12,8 @@ on the export folder, one sentence at a time (a sentence translates the same in 
 """
 
 import json
+import os
+import re
 import time
 
 import mlflow
@@ -64,10 +66,21 @@ def served(tmp_path_factory):
                 "translator": translator,
                 "expected": expected,
                 "up_s": up_s,
+                "log": tmp / "serve.log",
             }
         finally:
             stop_server(server)
             mlflow.set_tracking_uri(None)
+
+
+def test_the_server_matches_threads_and_batches(served):
+    """The scoring server's process took the server's branch of load_context: its log line."""
+    pattern = r"served model: (\d+) worker\(s\) on (\d+) core\(s\), (\d+) torch thread"
+    line = re.search(pattern, served["log"].read_text())
+    assert line, "the served model's thread line is not in the server's log"
+    workers, cores, threads = map(int, line.groups())
+    assert workers == 1 and cores == len(os.sched_getaffinity(0))
+    assert threads == (int(os.environ["OMP_NUM_THREADS"]) if os.environ.get("OMP_NUM_THREADS") else cores)
 
 
 def test_concurrent_load_no_5xx_right_answers_flat_memory(served):

@@ -323,6 +323,7 @@ def run_load(
     request_timeout_s: float = 120,
     deadline_s: float = 600,
     translator=None,
+    params: dict | None = None,
 ) -> Load:
     """Send ``clients`` × ``requests_per_client`` requests from ``clients`` threads at once.
 
@@ -333,8 +334,8 @@ def run_load(
     per-request limits). A valid answer is right when it is HTTP 200 with one translation
     per sentence equal to ``expected[sentence]`` (any strings when ``expected`` is None);
     an invalid one when it is a 4xx whose message contains each of its words
-    (case-insensitive). The server's process tree RSS is sampled throughout. Stops
-    sending after ``deadline_s`` seconds.
+    (case-insensitive). ``params`` go with every valid request (``{"engine": ...}``). The
+    server's process tree RSS is sampled throughout. Stops sending after ``deadline_s`` seconds.
     Returns:
         :class:`Load`, one :class:`Result` per request sent.
     """
@@ -355,7 +356,7 @@ def run_load(
             else:
                 name, words = "valid", []
                 batch = valid_request(rng, pool, max_sentences, translator)
-                payload, n = {"inputs": batch}, len(batch)
+                payload, n = _body(batch, params), len(batch)
             t0 = time.perf_counter()
             try:
                 status, body = post(url, payload, request_timeout_s)
@@ -399,11 +400,13 @@ def run_open_load(
     seed: int = 0,
     request_timeout_s: float = 120,
     translator=None,
+    params: dict | None = None,
 ) -> Load:
     """Open-loop load: ``requests`` valid requests (as :func:`run_load`'s) sent at Poisson
     arrival times of mean rate ``rate_rps`` (seeded), each from a thread of its own, whatever
     the answers to earlier ones; every answer judged as :func:`run_load` judges it. A request's
     latency counts from its own send time, so a queue in the server shows in the latency.
+    ``params`` go with every request.
     Returns:
         :class:`Load`; ``wall_s`` from the first send to the last answer.
     """
@@ -415,7 +418,7 @@ def run_open_load(
     def send(batch: list[str]) -> None:
         t0 = time.perf_counter()
         try:
-            status, body = post(url, {"inputs": batch}, request_timeout_s)
+            status, body = post(url, _body(batch, params), request_timeout_s)
         except OSError as e:
             status, body = 0, f"{type(e).__name__}: {e}"
         dt = time.perf_counter() - t0
@@ -437,6 +440,11 @@ def run_open_load(
     out.wall_s = time.perf_counter() - t0
     out.rss = sampler.stop()
     return out
+
+
+def _body(batch: list[str], params: dict | None) -> dict:
+    """The JSON body of a valid request: its sentences, and ``params`` when given."""
+    return {"inputs": batch, "params": params} if params else {"inputs": batch}
 
 
 def _fits(translator, batch: list[str]) -> bool:

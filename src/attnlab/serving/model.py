@@ -51,9 +51,11 @@ import statement there becomes a new pinned requirement. Import modules with
 (``tests/test_served_env.py`` would then fail in its fresh virtualenv).
 """
 
-from attnlab.serving.threads import match_threads, passive_wait_policy
+from attnlab.serving.threads import in_scoring_server, match_threads, passive_wait_policy
 
-WAIT_POLICY = passive_wait_policy()  # before torch is imported (by the translator below): read once
+# before torch is imported (by the translator below): OpenMP reads it once. Only the scoring
+# server's processes; a script or notebook that loads the model keeps its own.
+WAIT_POLICY = passive_wait_policy() if in_scoring_server() else None
 
 import logging  # noqa: E402 - after passive_wait_policy()
 import os  # noqa: E402 - after passive_wait_policy()
@@ -80,23 +82,27 @@ class TranslationModel(mlflow.pyfunc.PythonModel):
     attnlab_signature_guard = True
 
     def load_context(self, context) -> None:
-        """Load the export folder ``context.artifacts["export"]`` (programs + spm.model), cap
-        glibc's malloc arenas so the server's memory stays flat under concurrent requests
-        (:func:`attnlab.serving.malloc.cap_malloc_arenas`), match torch's threads to the cores
-        and the server's workers (:func:`attnlab.serving.threads.match_threads`), batch
-        concurrent requests (:class:`attnlab.serving.batching.RequestBatcher`, each request's
-        deadline the scoring server's ``MLFLOW_SCORING_SERVER_REQUEST_TIMEOUT``, 60 s by
-        default), and install :func:`attnlab.serving.guard.install` (signature checks,
-        one-line errors with an id)."""
-        cap_malloc_arenas()
+        """Load the export folder ``context.artifacts["export"]`` (programs + spm.model) and
+        install :func:`attnlab.serving.guard.install` (signature checks, one-line errors with an
+        id). In the scoring server's processes only (:func:`attnlab.serving.threads.in_scoring_server`;
+        a script or notebook that loads the model keeps its malloc and threads and decodes each
+        call at once): cap glibc's malloc arenas so the server's memory stays flat under
+        concurrent requests (:func:`attnlab.serving.malloc.cap_malloc_arenas`), match torch's
+        threads to the cores and the server's workers
+        (:func:`attnlab.serving.threads.match_threads`) and batch concurrent requests
+        (:class:`attnlab.serving.batching.RequestBatcher`, each request's deadline the scoring
+        server's ``MLFLOW_SCORING_SERVER_REQUEST_TIMEOUT``, 60 s by default)."""
         install()
+        self.translator = Translator(context.artifacts[EXPORT_ARTIFACT])
+        if not in_scoring_server():
+            return
+        cap_malloc_arenas()
         threads = match_threads()
         log.info(
             "served model: %(workers)d worker(s) on %(cores)d core(s), %(threads)d torch "
             "thread(s) each (set by %(set_by)s), OpenMP wait policy %(policy)s",
             {**threads, "policy": WAIT_POLICY or "not set (torch was imported first)"},
         )
-        self.translator = Translator(context.artifacts[EXPORT_ARTIFACT])
         self.translator.request_timeout_s = float(
             os.environ.get("MLFLOW_SCORING_SERVER_REQUEST_TIMEOUT") or 60
         )

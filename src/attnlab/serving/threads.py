@@ -10,7 +10,8 @@ server's environment is left as torch read it.
 
 OpenMP's wait policy is read once, when torch loads its OpenMP runtime, so
 :func:`passive_wait_policy` must run before ``import torch``: the served model's module
-(:mod:`attnlab.serving.model`) calls it first. ``OMP_WAIT_POLICY`` set by the user wins.
+(:mod:`attnlab.serving.model`) calls it first, in the scoring server's processes
+(:func:`in_scoring_server`). ``OMP_WAIT_POLICY`` set by the user wins.
 """
 
 from __future__ import annotations
@@ -42,9 +43,21 @@ def _cmdline(pid: int | str) -> str:
         return ""
 
 
+# MLflow's scoring server (mlflow.pyfunc.scoring_server.get_cmd, for `mlflow models serve` and
+# its container) gives uvicorn the model's path in this variable; its workers inherit it.
+SCORING_SERVER_ENV = "__pyfunc_model_path__"
+
+
+def in_scoring_server() -> bool:
+    """Whether this process is MLflow's scoring server or one of its workers (``mlflow models
+    serve``, the model's container): :data:`SCORING_SERVER_ENV` is set. False where a script or
+    notebook loads the model."""
+    return SCORING_SERVER_ENV in os.environ
+
+
 def uvicorn_workers() -> int:
     """The number of server processes this one is part of: ``--workers N`` on the command line
-    of this process or its parent (uvicorn's, as ``mlflow models serve`` starts it), else
+    of this process or its parent (uvicorn's, as MLflow starts it; Linux's ``/proc``), else
     ``MLFLOW_MODELS_WORKERS``, else 1."""
     for pid in ("self", os.getppid()):
         line = _cmdline(pid)

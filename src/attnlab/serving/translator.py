@@ -284,9 +284,8 @@ class _PreEncoded:
         return [known[s] if s in known else fresh[s] for s in sentences]
 
     def encode_sources(self, sentences: Sequence[str]):
-        from attnlab.data.tokenizer import pad_sources  # as SentencePieceTokenizer.encode_sources
-
-        return pad_sources(self.encode(list(sentences)))
+        # the tokenizer's own encode_sources (its padding), reading the ids from encode above
+        return type(self._tokenizer).encode_sources(self, sentences)
 
     def __getattr__(self, name: str):
         return getattr(self._tokenizer, name)
@@ -624,8 +623,12 @@ class Translator:
             from attnlab.export.ctranslate2 import CTranslate2Translator
 
             quantization = {v: k for k, v in CTRANSLATE2_ENGINES.items()}[engine]
+            # torch's thread count when the engine is first used: the served model's match
+            # (attnlab.serving.threads), else the caller's
             self._ctranslate2[engine] = CTranslate2Translator(
-                self.export_dir / "ctranslate2" / quantization, self.tokenizer
+                self.export_dir / "ctranslate2" / quantization,
+                self.tokenizer,
+                intra_threads=torch.get_num_threads(),
             )
         return self._ctranslate2[engine].translate(
             sentences, beam_size=beam_size, alpha=self.alpha, batch_size=batch_size
