@@ -213,7 +213,7 @@ def test_dvc_stage_evaluate_and_export_print_only_their_summaries(trained, conso
         "  registered : attnlab-transformer version 1 (alias champion)",
         f"  MLflow run : {run_id}",
         f"  serve      : MLFLOW_TRACKING_URI={uri} mlflow models serve "
-        "-m models:/attnlab-transformer@champion -p 5001 --env-manager local",
+        "-m models:/attnlab-transformer@champion -w 2 -p 5001 --env-manager local",
         '  translate  : python src/translate.py model=transformer +text="A dog runs."',
     ]
 

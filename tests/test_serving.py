@@ -29,7 +29,7 @@ from attnlab.export.trace import export_translation
 from attnlab.inference.decoding import translate_text
 from attnlab.models.transformer import Transformer
 from attnlab.serving.guard import INTERNAL_MESSAGE
-from attnlab.serving.registry import CHAMPION, log_served_model, serve_command
+from attnlab.serving.registry import CHAMPION, SERVE_WORKERS, log_served_model, serve_command
 from attnlab.serving.translator import (
     EmptyRequestError,
     InputTooLongError,
@@ -100,7 +100,7 @@ def test_registered_once_per_architecture_in_the_training_run(store):
     assert mv.run_id == store["run_id"]
     assert f"at most {MAX_CHARS} characters" in mv.description
     assert mv.description.endswith(
-        f"Serve: MLFLOW_TRACKING_URI={store['uri']} mlflow models serve -m models:/attnlab-transformer/1"
+        f"Serve: MLFLOW_TRACKING_URI={store['uri']} mlflow models serve -m models:/attnlab-transformer/1 -w 2"
     )
     assert client.get_run(store["run_id"]).info.status == "FINISHED"  # resumed, not failed
     print(f"log + load-back check + register: {store['log_s']:.1f} s")
@@ -117,7 +117,9 @@ def test_champion_alias_follows_the_newest_version(store):
     model = mlflow.pyfunc.load_model(f"models:/attnlab-transformer@{CHAMPION}")
     assert model.predict(SOURCES) == store["expected"]
     # what the export stage prints: the champion, in this environment, as the README serves it
-    served = f"MLFLOW_TRACKING_URI={store['uri']} mlflow models serve -m models:/attnlab-transformer@champion"
+    served = (
+        f"MLFLOW_TRACKING_URI={store['uri']} mlflow models serve -m models:/attnlab-transformer@champion -w 2"
+    )
     assert serve_command("attnlab-transformer", store["uri"]) == f"{served} -p 5001 --env-manager local"
     # the registry's description: the model's own environment, built from its requirements.txt
     assert serve_command("attnlab-transformer", store["uri"], local=False) == served
@@ -278,10 +280,13 @@ def test_export_refuses_request_limits_a_sentence_cannot_fit(store, tmp_path):
 
 @pytest.fixture(scope="module")
 def served(store):
-    """``mlflow models serve`` of the champion; yields its base URL and its log file."""
+    """``mlflow models serve`` of the champion with the README's workers; yields its base URL
+    and its log file."""
     log = store["tmp"] / "serve.log"
     t0 = time.perf_counter()
-    server, base = start_server(f"models:/attnlab-transformer@{CHAMPION}", store["uri"], log)
+    server, base = start_server(
+        f"models:/attnlab-transformer@{CHAMPION}", store["uri"], log, workers=SERVE_WORKERS
+    )
     try:
         yield {"base": base, "log": log, "up_s": time.perf_counter() - t0}
     finally:

@@ -41,6 +41,9 @@ def served_model_uri(name: str, version: int | str | None = None) -> str:
 
 
 SERVE_PORT = 5001  # the README's and docs/how-to/serve.md's port (MLflow's 5000 is its UI's)
+# uvicorn workers of the served command: two workers of cores/2 torch threads each served more
+# sentences/s than one of all cores on both 2-core CPUs measured (results/serve_load.csv)
+SERVE_WORKERS = 2
 
 
 def serve_command(
@@ -54,9 +57,12 @@ def serve_command(
     ``.venv``), nothing is installed. ``local=False``: MLflow's default environment manager
     (``virtualenv``) builds the model's own environment from its ``requirements.txt``
     (:func:`attnlab.serving.requirements.served_requirements`), so the command works on any
-    machine that reaches the store and the package index (it needs pyenv).
+    machine that reaches the store and the package index (it needs pyenv). Both run
+    :data:`SERVE_WORKERS` uvicorn workers (``-w``); each gives torch ``cores // workers`` threads
+    (:func:`attnlab.serving.threads.match_threads`).
     """
-    command = f"MLFLOW_TRACKING_URI={tracking_uri} mlflow models serve -m {served_model_uri(name, version)}"
+    uri = served_model_uri(name, version)
+    command = f"MLFLOW_TRACKING_URI={tracking_uri} mlflow models serve -m {uri} -w {SERVE_WORKERS}"
     return f"{command} -p {SERVE_PORT} --env-manager local" if local else command
 
 
