@@ -30,13 +30,20 @@ scores the checkpoint that ``runs/<model>.json`` names (the train stage's ``best
 output), so to score the chosen one copy it there yourself and pass the chosen α as
 ``model.decoding.alpha``; the MLflow run still records what training kept.
 
+An ensemble (``--ensemble``, the chosen averages of runs from other seeds, written with
+``--write``): each candidate decodes together with those checkpoints, the mean of their
+next-token probabilities (:class:`attnlab.inference.ensemble.Ensemble`), so N and α are chosen
+for the ensemble. To score it on test, pass the same checkpoints to ``src/evaluate.py`` as
+``'+model.decoding.ensemble=[...]'``.
+
 Decoding runs on the CPU (``OMP_NUM_THREADS`` threads), about 25 s per candidate for the full
 profile's net on one thread of a 2-core EPYC.
 
 Raises (as SystemExit with the fix): the folder holds no epoch checkpoint, or two for one epoch
 (a second run or a resume into the same folder), or its epochs are not consecutive; an N of
 ``--last`` is under 1 or over the number of epochs kept; the tokenized folder lacks
-``spm.model``, ``val.src.txt`` or ``val.tgt.txt``.
+``spm.model``, ``val.src.txt`` or ``val.tgt.txt``; an ``--ensemble`` checkpoint that ``load_net`` refuses
+(missing, damaged, another model or another corpus: its message).
 """
 
 from __future__ import annotations
@@ -52,8 +59,10 @@ import torch
 from attnlab.checkpoint import load_net
 from attnlab.data.corpora import read_lines
 from attnlab.data.tokenizer import load_sentencepiece
+from attnlab.errors import UserError
 from attnlab.files import write_bytes_atomic, write_json_atomic
 from attnlab.inference.decoding import translate_text
+from attnlab.inference.ensemble import Ensemble
 from attnlab.lit.averaging import WeightAveraging
 from attnlab.metrics import corpus_scores
 
@@ -121,12 +130,14 @@ def load_averaged(ckpt: dict, tmp_dir: Path) -> torch.nn.Module:
     return net
 
 
-def score_val(net, tokenizer, sources, references, beam_size: int, alpha: float) -> dict:
-    """Beam search over the validation sources, detokenized, scored with sacreBLEU (as evaluate)."""
+def score_val(net, tokenizer, sources, references, beam_size: int, alpha: float, members=()) -> dict:
+    """Beam search over the validation sources, detokenized, scored with sacreBLEU (as evaluate);
+    with ``members`` (further nets), their ensemble with ``net``."""
     start = time.perf_counter()
+    decoder = Ensemble([(m.init_state, m.step) for m in (net, *members)])
     hypotheses = translate_text(
-        net.init_state,
-        net.step,
+        decoder.init_state,
+        decoder.step,
         tokenizer,
         sources,
         batch_size=128,
@@ -175,6 +186,13 @@ def main(argv: list[str] | None = None) -> dict:
         help="length penalties; the first is the reference α of step 1",
     )
     parser.add_argument("--beam-size", type=int, default=5)
+    parser.add_argument(
+        "--ensemble",
+        type=Path,
+        nargs="+",
+        default=[],
+        help="checkpoints decoded together with each candidate (other seeds' --write files)",
+    )
     parser.add_argument("--out", type=Path, help="write the results as JSON here")
     parser.add_argument("--write", type=Path, help="save the chosen average as a checkpoint here")
     args = parser.parse_args(argv)
@@ -192,13 +210,18 @@ def main(argv: list[str] | None = None) -> dict:
                 f"--last {n}: {args.epochs} keeps {len(checkpoints)} epochs; give N from 1 "
                 f"to {len(checkpoints)}"
             )
+    try:  # the evaluate stage's loader, checked against this tokenized corpus
+        members = [load_net(path, tokenized_dir=args.tokenized) for path in args.ensemble]
+    except UserError as e:
+        raise SystemExit(f"--ensemble: {e}") from None
     tokenizer = load_sentencepiece(args.tokenized / "spm.model")
     sources = read_lines(args.tokenized / "val.src.txt")
     references = read_lines(args.tokenized / "val.tgt.txt")
     ref_alpha = args.alpha[0]
     print(
         f"{len(checkpoints)} epochs kept ({checkpoints[0][0]}–{checkpoints[-1][0]}); validation: "
-        f"{len(sources)} sentences, beam {args.beam_size}",
+        f"{len(sources)} sentences, beam {args.beam_size}"
+        + (f", each candidate with {', '.join(map(str, args.ensemble))}" if members else ""),
         flush=True,
     )
 
@@ -212,7 +235,7 @@ def main(argv: list[str] | None = None) -> dict:
                 "last": n,
                 "epochs": [e for e, _ in checkpoints[-n:]],
                 "alpha": ref_alpha,
-                **score_val(net, tokenizer, sources, references, args.beam_size, ref_alpha),
+                **score_val(net, tokenizer, sources, references, args.beam_size, ref_alpha, members),
             }
             averages.append(row)
             print(row_line(row), flush=True)
@@ -224,7 +247,7 @@ def main(argv: list[str] | None = None) -> dict:
             row = {
                 "last": chosen_n,
                 "alpha": alpha,
-                **score_val(net, tokenizer, sources, references, args.beam_size, alpha),
+                **score_val(net, tokenizer, sources, references, args.beam_size, alpha, members),
             }
             alphas.append(row)
             print(row_line(row), flush=True)
@@ -233,6 +256,7 @@ def main(argv: list[str] | None = None) -> dict:
         "epochs_kept": [e for e, _ in checkpoints],
         "beam_size": args.beam_size,
         "val_sentences": len(sources),
+        "ensemble": [str(path) for path in args.ensemble],
         "averaging": averages,
         "length_penalty": alphas,
         "chosen": {"last": chosen_n, "alpha": chosen["alpha"], "bleu": chosen["bleu"]},

@@ -1276,7 +1276,9 @@ def _translation_scores(m: dict) -> dict[str, str]:
     decoding = m.get("decoding", {})
     if "beam_size" in decoding:
         text = f"beam {decoding['beam_size']}, alpha {decoding.get('alpha')}"
-        row["decoding"] = text + (", bf16" if decoding.get("bf16") else "")
+        text += ", bf16" if decoding.get("bf16") else ""
+        members = decoding.get("ensemble") or []  # further checkpoints (evaluate's model.decoding.ensemble)
+        row["decoding"] = text + (f", ensemble of {1 + len(members)} checkpoints" if members else "")
     return row
 
 

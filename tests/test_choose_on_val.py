@@ -8,6 +8,7 @@ that ``load_net`` (the evaluate stage's loader) reads with exactly the chosen we
 
 import importlib.util
 import json
+import re
 import subprocess
 import sys
 
@@ -19,7 +20,8 @@ from attnlab.checkpoint import load_net
 from attnlab.data.corpora import read_lines
 from attnlab.data.tokenizer import load_sentencepiece
 from attnlab.inference.decoding import translate_text
-from helpers.tiny_train import ROOT, env, make_project, train
+from attnlab.inference.ensemble import Ensemble
+from helpers.tiny_train import ROOT, TINY, env, make_project, train
 
 EVERY_EPOCH = (
     "+callbacks.every_epoch={_target_: pytorch_lightning.callbacks.ModelCheckpoint, "
@@ -180,3 +182,81 @@ def test_the_best_row_and_its_tie_rules():
     alphas = [{"alpha": 0.6, "bleu": 40.5}, {"alpha": 1.0, "bleu": 40.5}, {"alpha": 1.2, "bleu": 40.4}]
     assert best(alphas, lambda r: r["alpha"] == 1.0)["alpha"] == 1.0
     assert best(alphas[::2], lambda r: r["alpha"] == 1.0)["alpha"] == 0.6
+
+
+def _ensemble_hypotheses(paths, tokenized, split, beam_size, alpha):
+    """The reference: the nets of ``paths`` decoding ``split`` together through
+    :class:`~attnlab.inference.ensemble.Ensemble`, each loaded by ``load_net``."""
+    nets = [load_net(p) for p in paths]
+    ensemble = Ensemble([(net.init_state, net.step) for net in nets])
+    sources = read_lines(tokenized / f"{split}.src.txt")
+    tokenizer = load_sentencepiece(tokenized / "spm.model")
+    return translate_text(
+        ensemble.init_state, ensemble.step, tokenizer, sources, beam_size=beam_size, alpha=alpha
+    )
+
+
+def test_an_ensemble_is_chosen_on_val_and_scored_by_evaluate(trained, tmp_path):
+    """``--ensemble`` decodes each candidate with the given checkpoints; evaluate's
+    ``+model.decoding.ensemble`` scores the same ensemble on test, and says so in the metrics."""
+    root, epochs = trained
+    tokenized = root / "data/tokenized/multi30k-en-fr"
+    script = _script()
+    kept = script.epoch_checkpoints(epochs)
+    member = kept[0][1]  # epoch 1's weights: another net on the same tokenized corpus
+    result = script.main(
+        [str(epochs), "--tokenized", str(tokenized), "--last", "1", "--alpha", "1.0", "0.0",
+         "--beam-size", "2", "--ensemble", str(member), "--out", str(tmp_path / "choice.json"),
+         "--write", str(tmp_path / "seed1.ckpt")]
+    )  # fmt: skip
+    assert result["ensemble"] == [str(member)]
+    assert json.loads((tmp_path / "choice.json").read_text()) == result
+    written = load_net(tmp_path / "seed1.ckpt").state_dict()  # the chosen N = 1: epoch 3's weights
+    newest = torch.load(kept[-1][1], map_location="cpu", weights_only=True)["state_dict"]
+    assert all(torch.equal(value, newest[f"net.{name}"]) for name, value in written.items())
+    references = read_lines(tokenized / "val.tgt.txt")
+    for row in result["length_penalty"]:
+        hypotheses = _ensemble_hypotheses([kept[-1][1], member], tokenized, "val", 2, row["alpha"])
+        assert row["bleu"] == pytest.approx(sacrebleu.corpus_bleu(hypotheses, [references]).score, abs=1e-9)
+    alone = script.main([str(epochs), "--tokenized", str(tokenized), "--last", "1", "--alpha", "0.0",
+                         "--beam-size", "2"])  # fmt: skip
+    assert alone["ensemble"] == []
+
+    # evaluate: the kept checkpoint and epoch 1's together, beam 5 α 1 (conf/model/transformer.yaml)
+    best = root / "checkpoints/transformer/best.ckpt"  # what runs/transformer.json names
+    cmd = [sys.executable, "src/evaluate.py", *TINY, f"paths.root={root}", f"hydra.run.dir={tmp_path}/ev"]
+    done = subprocess.run(
+        [*cmd, f"+model.decoding.ensemble=[{member}]"],
+        cwd=ROOT, capture_output=True, text=True, timeout=300, env=env(),
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
+    metrics = json.loads((root / "metrics/transformer.json").read_text())
+    assert metrics["decoding"]["ensemble"] == [str(member)]
+    hypotheses = _ensemble_hypotheses([best, member], tokenized, "test", 5, 1.0)
+    assert read_lines(root / "metrics/transformer.hyp.txt") == hypotheses
+    references = read_lines(tokenized / "test.tgt.txt")
+    assert metrics["bleu"] == pytest.approx(sacrebleu.corpus_bleu(hypotheses, [references]).score, abs=1e-9)
+
+    for value, problem in [
+        (f"[{tmp_path}/missing.ckpt]", rf"{tmp_path}/missing.ckpt not found; train first"),
+        ("oops", r"model.decoding.ensemble must be a list of checkpoint paths, e.g. "
+                 r"'\+model.decoding.ensemble=\[outputs/seed1.ckpt\]'; got 'oops'"),
+    ]:  # fmt: skip
+        refused = subprocess.run(
+            [*cmd, f"+model.decoding.ensemble={value}"],
+            cwd=ROOT, capture_output=True, text=True, timeout=300, env=env(),
+        )  # fmt: skip
+        assert refused.returncode != 0
+        assert re.search(problem, refused.stderr), refused.stderr[-2000:]
+    with pytest.raises(SystemExit, match=rf"--ensemble: {tmp_path}/missing.ckpt not found; train first"):
+        script.main(
+            [
+                str(epochs),
+                "--tokenized",
+                str(tokenized),
+                "--last",
+                "1",
+                "--ensemble",
+                str(tmp_path / "missing.ckpt"),
+            ]
+        )

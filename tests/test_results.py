@@ -375,6 +375,16 @@ def test_add_run_appends_one_row_per_model_and_rewrites_the_tables(tmp_path, cap
     assert _rows(root / "results" / "runs.csv") == after
 
 
+def test_the_decoding_column_says_bf16_and_the_ensemble():
+    """evaluate's ``decoding`` record → the runs table's text: an ensemble counts the kept
+    checkpoint and its ``model.decoding.ensemble`` members."""
+    m = json.loads((ROOT / "metrics" / "transformer.json").read_text())
+    m["decoding"] = {**m["decoding"], "alpha": 0.8, "bf16": True, "ensemble": ["/a/seed1.ckpt", "b.ckpt"]}
+    assert rt._translation_scores(m)["decoding"] == "beam 5, alpha 0.8, bf16, ensemble of 3 checkpoints"
+    m["decoding"] = {**m["decoding"], "bf16": False, "ensemble": []}
+    assert rt._translation_scores(m)["decoding"] == "beam 5, alpha 0.8"
+
+
 def test_add_run_takes_mlflow_ids_and_the_recipe_from_its_options(tmp_path):
     root = _project_copy(tmp_path)
     args = ["--root", str(root), "add-run", "--commit", "abcdef1", "--machine", "epyc-avx2",

@@ -13,12 +13,14 @@ from pathlib import Path
 
 from omegaconf import DictConfig, OmegaConf
 
+from attnlab.checkpoint import load_net
 from attnlab.data.corpora import read_lines
 from attnlab.data.synthetic import synthetic_from_config
 from attnlab.data.tokenizer import load_sentencepiece
 from attnlab.device import single_device
-from attnlab.errors import DamagedFileError, UserError
+from attnlab.errors import ConfigError, DamagedFileError, UserError
 from attnlab.inference.decoding import LENGTH_PENALTY, MAX_OUTPUT_LEN, require_bf16_units, translate_text
+from attnlab.inference.ensemble import Ensemble
 from attnlab.inference.lengths import TEST_SIDES, check_splits_fit
 from attnlab.metrics import bleu_tokenizer, corpus_scores, sacrebleu_signatures
 from attnlab.models import Bahdanau, NadarayaWatson, Transformer, max_positions
@@ -68,6 +70,11 @@ def evaluate_translation(cfg: DictConfig, net: Transformer | Bahdanau) -> Evalua
     in the scores (bleu, bleu_lc, chrf, bleu_tok_lc, num_sentences) and MLflow metrics
     ``test_<score>/<name>``. The flat scores stay the main test set's (``data.test_set``).
 
+    ``model.decoding.ensemble`` (a list of checkpoint paths, absent by default: add it with
+    ``'+model.decoding.ensemble=[a.ckpt]'``) decodes with ``net`` and those nets together, the
+    mean of their probabilities at each step (:class:`attnlab.inference.ensemble.Ensemble`);
+    each is loaded as ``net`` was, checked against the tokenized corpus.
+
     Raises:
         NoTestSplitError: ``data`` has no test split (``data.test_set`` unset: D2L's fra_eng_d2l,
             or the synthetic data of NW); ``data.more_test_splits`` is not a list of distinct
@@ -76,6 +83,9 @@ def evaluate_translation(cfg: DictConfig, net: Transformer | Bahdanau) -> Evalua
             anything is decoded.
         ValueError: ``data.bleu_tokenize`` is not a sacreBLEU tokenizer (checked before the
             tokenized folder).
+        CheckpointError, TokenizerMismatchError: a ``model.decoding.ensemble`` checkpoint that
+            is missing, damaged, of another model, or of another corpus
+            (:func:`attnlab.checkpoint.load_net`).
         PairTooLongError: a test source needs more positions than ``net`` has
             (:func:`attnlab.inference.lengths.check_splits_fit`: names the split, line and fix).
         DeviceUnavailableError: the device is not available here.
@@ -101,9 +111,11 @@ def evaluate_translation(cfg: DictConfig, net: Transformer | Bahdanau) -> Evalua
                 f"had `{split}`; re-run the tokenize stage (`dvc repro tokenize`, or "
                 f"`python src/tokenize_data.py data={cfg.data.name}`)"
             )
-    # a source the net cannot take would stop decoding halfway: refused before any is decoded
+    nets = [net, *_ensemble_members(cfg, tok_dir)]
+    # a source a net cannot take would stop decoding halfway: refused before any is decoded
     sides = {split: TEST_SIDES for split in ("test", *more.values())}
-    check_splits_fit(tok_dir, sides, max_positions(net), cfg.model.name, "evaluate")
+    for member in nets:
+        check_splits_fit(tok_dir, sides, max_positions(member), cfg.model.name, "evaluate")
     device = single_device(cfg.device)
     settings = OmegaConf.to_container(cfg.model.decoding, resolve=True)
     assert isinstance(settings, dict)  # model.decoding is a mapping in every conf/model/*.yaml
@@ -118,7 +130,8 @@ def evaluate_translation(cfg: DictConfig, net: Transformer | Bahdanau) -> Evalua
         require_bf16_units(device.type)
     tokenizer = load_sentencepiece(tok_dir / "spm.model")
 
-    net = net.to(device)
+    nets = [member.to(device) for member in nets]
+    decoder = Ensemble([(member.init_state, member.step) for member in nets])
 
     def score(split: str) -> tuple[dict, list[str]]:
         src_path, tgt_path = tok_dir / f"{split}.src.txt", tok_dir / f"{split}.tgt.txt"
@@ -130,8 +143,8 @@ def evaluate_translation(cfg: DictConfig, net: Transformer | Bahdanau) -> Evalua
                 f"`dvc repro tokenize` (or `python src/tokenize_data.py data={cfg.data.name}`)"
             )
         hypotheses = translate_text(
-            net.init_state,
-            net.step,
+            decoder.init_state,
+            decoder.step,
             tokenizer,
             sources,
             batch_size=BATCH_SIZE,
@@ -169,6 +182,25 @@ def evaluate_translation(cfg: DictConfig, net: Transformer | Bahdanau) -> Evalua
         hypotheses,
         {name: h for name, (_, h) in scored.items()},
     )
+
+
+def _ensemble_members(cfg: DictConfig, tok_dir: Path) -> list:
+    """The nets of ``model.decoding.ensemble`` (checkpoint paths, relative ones from ``paths.root``),
+    loaded as evaluate loads its own.
+
+    Raises:
+        ConfigError: the setting is not a list of paths.
+        CheckpointError, TokenizerMismatchError: from :func:`attnlab.checkpoint.load_net`.
+    """
+    paths = cfg.model.decoding.get("ensemble") or []
+    listed = OmegaConf.is_list(paths) or isinstance(paths, list)
+    if not listed or not all(isinstance(p, str) for p in paths):
+        raise ConfigError(
+            f"model.decoding.ensemble must be a list of checkpoint paths, e.g. "
+            f"'+model.decoding.ensemble=[outputs/seed1.ckpt]'; got {paths!r}"
+        )
+    root = Path(cfg.paths.root)  # a relative path is the project's, as every other path
+    return [load_net(root / p, expected_kind=cfg.model.name, tokenized_dir=tok_dir) for p in paths]
 
 
 def _more_test_splits(data: DictConfig) -> dict[str, str]:
