@@ -152,3 +152,48 @@ def sequence_loss(net, batch: dict, label_smoothing: float = 0.0, chunk_size: in
     return linear_cross_entropy(
         h[keep], layer.weight, layer.bias, batch["tgt_out"][keep], label_smoothing, chunk_size
     )
+
+
+def symmetric_kl(log_p: torch.Tensor, log_q: torch.Tensor) -> torch.Tensor:
+    """KL(P‖Q) + KL(Q‖P) per row, from log-probabilities (N, V) → (N,):
+    Σ_v (p_v − q_v)(log p_v − log q_v) (Liang et al. 2021, eq. 2, before its ½)."""
+    return ((log_p.exp() - log_q.exp()) * (log_p - log_q)).sum(dim=-1)
+
+
+def rdrop_loss(net, batch: dict, label_smoothing: float, alpha: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """R-Drop (Liang et al. 2021, eq. 3, halved): each pair goes through the net twice with
+    different dropout masks (one pass of the batch stacked on itself) and the two predicted
+    distributions are pulled together,
+
+        loss = ½(CE₁ + CE₂) + (α/4)·(KL(P₁‖P₂) + KL(P₂‖P₁)),
+
+    every term a mean per scored target token (the paper sums per sentence; dividing its
+    L = NLL₁ + NLL₂ + (α/2)(KL + KL) by 2 gives this, so its α carries over).
+
+    Args:
+        net, batch: as :func:`sequence_loss`.
+        label_smoothing: ε of the cross-entropy in [0, 1). alpha: α ≥ 0.
+    Returns:
+        (loss, ce): 0-dim float32 tensors; ``ce`` is ½(CE₁ + CE₂), the label-smoothed
+        cross-entropy to log beside other runs' training loss. The logits (2N, V) are
+        materialized in float32 with autocast off, unlike :func:`sequence_loss`'s chunks.
+    Raises:
+        ConfigError: α < 0 or ε outside [0, 1).
+    """
+    if alpha < 0 or not 0.0 <= label_smoothing < 1.0:
+        raise ConfigError(
+            f"R-Drop needs alpha ≥ 0 and label_smoothing in [0, 1); got alpha={alpha}, "
+            f"label_smoothing={label_smoothing}"
+        )
+    twice = {k: torch.cat([batch[k], batch[k]]) for k in ("src", "src_valid_lens", "tgt_in", "tgt_out")}
+    h = net.features(twice["src"], twice["src_valid_lens"], twice["tgt_in"])  # (2B, T, d)
+    keep = twice["tgt_out"] != PAD_ID  # the first copy's tokens, then the second's, in one order
+    layer = net.output_layer
+    with torch.autocast(h.device.type, enabled=False):
+        bias = None if layer.bias is None else layer.bias.float()
+        logits = torch.nn.functional.linear(h[keep].float(), layer.weight.float(), bias)  # (2N, V)
+        target = twice["tgt_out"][keep]
+        ce = torch.nn.functional.cross_entropy(logits, target, label_smoothing=label_smoothing)
+        first, second = logits.log_softmax(dim=-1).chunk(2)
+        kl = symmetric_kl(first, second).mean()
+    return ce + (alpha / 4) * kl, ce

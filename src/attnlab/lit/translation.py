@@ -28,7 +28,7 @@ from attnlab.errors import ConfigError
 from attnlab.inference.decoding import translate_text
 from attnlab.inference.lengths import check_fixed_steps, check_splits_fit, scored_splits, training_bound
 from attnlab.lit.heatmaps import EpochHeatmaps
-from attnlab.loss import NonFiniteLossError, sequence_loss
+from attnlab.loss import NonFiniteLossError, rdrop_loss, sequence_loss
 from attnlab.metrics import CorpusScores, bleu_tokenizer
 from attnlab.models import build_net, max_positions
 
@@ -125,6 +125,9 @@ class TranslationModule(pl.LightningModule):
             ``estimated_stepping_batches``).
         bleu_tokenize: sacreBLEU's tokenizer for ``val_bleu`` (:func:`attnlab.metrics.bleu_tokenizer`
             of the target language: ``from_config`` passes it).
+        rdrop_alpha: α of R-Drop (:func:`attnlab.loss.rdrop_loss`, Liang et al. 2021): each
+            training batch passes twice and the two distributions are pulled together; 0 (the
+            default) trains on the plain cross-entropy. ``train_loss`` stays the cross-entropy.
     Logged metrics: ``train_loss``, ``val_loss`` (cross-entropy per target token),
     ``val_bleu`` and ``val_chrf`` (sacreBLEU, in [0, 100]; per epoch), ``tokens_per_sec``.
     Progress bar only (not logged): ``loss`` (the step's training loss) and ``tokens/s``
@@ -143,7 +146,7 @@ class TranslationModule(pl.LightningModule):
     shows after each validation.
     Raises:
         ConfigError: a ``model.net`` the model classes refuse (their message), an unknown
-            ``lr_decay``.
+            ``lr_decay``, an ``rdrop_alpha`` < 0.
         NonFiniteLossError: from ``training_step`` when the loss is NaN or ±inf (names the step).
     """
 
@@ -158,8 +161,11 @@ class TranslationModule(pl.LightningModule):
         val_batch_size: int = 256,
         src_vocab_size: int | None = None,
         bleu_tokenize: str = "13a",
+        rdrop_alpha: float = 0.0,
     ):
         super().__init__()
+        if not rdrop_alpha >= 0:
+            raise ConfigError(f"model.rdrop_alpha={rdrop_alpha} must be ≥ 0 (0 trains without R-Drop)")
         if lr_decay not in LR_DECAYS:
             raise ConfigError(
                 f"model.lr_decay={lr_decay!r} is not a schedule; choose one of {', '.join(LR_DECAYS)}"
@@ -200,8 +206,14 @@ class TranslationModule(pl.LightningModule):
         return sequence_loss(self.net, batch, smoothing)
 
     def training_step(self, batch, batch_idx):
-        loss = self._loss(batch, self.hparams.label_smoothing)
-        objective = self._add_score_function_term(loss, batch)
+        alpha = self.hparams.get("rdrop_alpha", 0.0)
+        if alpha > 0:  # the net saw the batch twice: a sampled attention's term covers both copies
+            objective, loss = rdrop_loss(self.net, batch, self.hparams.label_smoothing, alpha)
+            twice = {"tgt_out": torch.cat([batch["tgt_out"], batch["tgt_out"]])}
+            objective = self._add_score_function_term(objective, twice)
+        else:
+            loss = self._loss(batch, self.hparams.label_smoothing)
+            objective = self._add_score_function_term(loss, batch)
         if not torch.isfinite(objective):
             raise NonFiniteLossError(
                 f"training loss is {objective.item()} at step {self.global_step} (epoch "
@@ -383,6 +395,7 @@ class TranslationModule(pl.LightningModule):
             lr_decay=cfg.model.lr_decay,
             src_vocab_size=dm.src_vocab_size,
             bleu_tokenize=bleu_tokenizer(cfg.data.tgt_lang, cfg.data.get("bleu_tokenize")),
+            rdrop_alpha=cfg.model.get("rdrop_alpha", 0.0),  # absent from conf: +model.rdrop_alpha=5
         )
         tok_dir, n = Path(cfg.paths.tokenized), cfg.data.val_bleu_sentences
         sources = read_lines(tok_dir / "val.src.txt")
