@@ -230,6 +230,12 @@ def main(argv: list[str] | None = None) -> dict:
         for n in sorted(set(args.last)):
             ckpt = average_last(checkpoints, n)
             net = load_averaged(ckpt, Path(tmp))
+            other = [(p, m.kind) for p, m in zip(args.ensemble, members) if m.kind != net.kind]
+            if other:
+                raise SystemExit(
+                    f"--ensemble: {other[0][0]} holds a {other[0][1]} model, the epochs a "
+                    f"{net.kind}; ensemble checkpoints of one model (e.g. {net.kind} runs of other seeds)"
+                )
             kept[n] = ckpt, net
             row = {
                 "last": n,

@@ -107,6 +107,11 @@ def main(cfg: DictConfig) -> None:
             "export decodes in float32 on the torch engine, or use engine=ctranslate2_int8 "
             "for speed"
         )
+    if dec.get("ensemble"):
+        raise ConfigError(
+            "model.decoding.ensemble is evaluate's: translate decodes the one exported model; "
+            "score an ensemble with `python src/evaluate.py '+model.decoding.ensemble=[...]'`"
+        )
     translator = Translator(
         Path(cfg.paths.models) / cfg.model.name,
         beam_size=dec.beam_size,

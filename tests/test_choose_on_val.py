@@ -9,6 +9,7 @@ that ``load_net`` (the evaluate stage's loader) reads with exactly the chosen we
 import importlib.util
 import json
 import re
+import shutil
 import subprocess
 import sys
 
@@ -131,6 +132,13 @@ def test_a_bahdanau_run_is_chosen_on_the_same_scores(trained, tmp_path):
         net.init_state, net.step, load_sentencepiece(tokenized / "spm.model"), sources, beam_size=5, alpha=1.0
     )
     assert result["chosen"]["bleu"] == pytest.approx(sacrebleu.corpus_bleu(hypotheses, [references]).score)
+    # a Bahdanau checkpoint as a member of the Transformer's epochs: refused, naming both
+    _, transformer_epochs = trained
+    bahdanau_ckpt = script.epoch_checkpoints(epochs)[-1][1]
+    with pytest.raises(SystemExit, match=rf"--ensemble: {bahdanau_ckpt} holds a bahdanau model, the "
+                       r"epochs a transformer; ensemble checkpoints of one model"):  # fmt: skip
+        script.main([str(transformer_epochs), "--tokenized", str(tokenized), "--last", "1",
+                     "--ensemble", str(bahdanau_ckpt)])  # fmt: skip
 
 
 def test_bad_input_names_the_fix(trained, tmp_path):
@@ -222,23 +230,27 @@ def test_an_ensemble_is_chosen_on_val_and_scored_by_evaluate(trained, tmp_path):
                          "--beam-size", "2"])  # fmt: skip
     assert alone["ensemble"] == []
 
-    # evaluate: the kept checkpoint and epoch 1's together, beam 5 α 1 (conf/model/transformer.yaml)
+    # evaluate: the kept checkpoint and epoch 1's together, beam 5 α 1 (conf/model/transformer.yaml);
+    # the member's path relative to the project, as the docs give it
     best = root / "checkpoints/transformer/best.ckpt"  # what runs/transformer.json names
+    relative = f"outputs/member-{tmp_path.name}.ckpt"
+    shutil.copy(member, root / relative)
     cmd = [sys.executable, "src/evaluate.py", *TINY, f"paths.root={root}", f"hydra.run.dir={tmp_path}/ev"]
     done = subprocess.run(
-        [*cmd, f"+model.decoding.ensemble=[{member}]"],
+        [*cmd, f"+model.decoding.ensemble=[{relative}]"],
         cwd=ROOT, capture_output=True, text=True, timeout=300, env=env(),
     )  # fmt: skip
     assert done.returncode == 0, done.stderr[-3000:]
     metrics = json.loads((root / "metrics/transformer.json").read_text())
-    assert metrics["decoding"]["ensemble"] == [str(member)]
+    assert metrics["decoding"]["ensemble"] == [relative]
     hypotheses = _ensemble_hypotheses([best, member], tokenized, "test", 5, 1.0)
     assert read_lines(root / "metrics/transformer.hyp.txt") == hypotheses
     references = read_lines(tokenized / "test.tgt.txt")
     assert metrics["bleu"] == pytest.approx(sacrebleu.corpus_bleu(hypotheses, [references]).score, abs=1e-9)
 
     for value, problem in [
-        (f"[{tmp_path}/missing.ckpt]", rf"{tmp_path}/missing.ckpt not found; train first"),
+        (f"[{tmp_path}/missing.ckpt]", rf"model.decoding.ensemble: {tmp_path}/missing.ckpt not found; "
+                                      r".*\(this member: give the path of a checkpoint of this model"),
         ("oops", r"model.decoding.ensemble must be a list of checkpoint paths, e.g. "
                  r"'\+model.decoding.ensemble=\[outputs/seed1.ckpt\]'; got 'oops'"),
     ]:  # fmt: skip
@@ -260,3 +272,17 @@ def test_an_ensemble_is_chosen_on_val_and_scored_by_evaluate(trained, tmp_path):
                 str(tmp_path / "missing.ckpt"),
             ]
         )
+    for app, problem in [
+        (
+            "src/translate.py",
+            "model.decoding.ensemble is evaluate's: translate decodes the one exported model",
+        ),
+        ("src/export.py", "model.decoding.ensemble is evaluate's: export writes the one net it trained"),
+    ]:
+        refused = subprocess.run(
+            [sys.executable, app, *TINY, f"paths.root={root}", f"hydra.run.dir={tmp_path}/x",
+             "+text=A dog.", f"+model.decoding.ensemble=[{relative}]"],
+            cwd=ROOT, capture_output=True, text=True, timeout=300, env=env(),
+        )  # fmt: skip
+        assert refused.returncode != 0
+        assert problem in refused.stderr, refused.stderr[-2000:]

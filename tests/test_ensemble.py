@@ -73,7 +73,7 @@ def test_two_real_nets_against_the_mean_of_their_softmaxes():
         state = initial = ensemble.init_state(src, valid)
         s1, s2 = first.init_state(src, valid), second.init_state(src, valid)
         ys = torch.full((3, 1), BOS_ID)
-        for token in (7, 9):  # three steps along one prefix, caches growing
+        for token in (7, 9):  # two steps along one prefix, the caches growing
             out, *state = ensemble.step(ys, *state)
             l1, *s1 = first.step(ys, *s1)
             l2, *s2 = second.step(ys, *s2)
@@ -101,6 +101,28 @@ def test_one_member_decodes_exactly_as_the_net_alone():
     )
     assert torch.equal(
         beam_search(alone.init_state, alone.step, src, valid, 12, beam_size=3, alpha=1.0),
+        beam_search(net.init_state, net.step, src, valid, 12, beam_size=3, alpha=1.0),
+    )
+
+
+def test_a_net_twice_decodes_as_the_net_alone():
+    """Two copies of one net: the mean of two equal distributions is that distribution, so the
+    averaging path (logsumexp, two members' states, each shared tensor passed through) gives
+    the net's own tokens, greedy and beam."""
+    net = _net(5)
+    src, valid = _batch()
+    twice = Ensemble([(net.init_state, net.step), (net.init_state, net.step)])
+    with torch.no_grad():
+        state = twice.init_state(src, valid)
+        out, *_ = twice.step(torch.full((3, 1), BOS_ID), *state)
+        logits, *_ = net.step(torch.full((3, 1), BOS_ID), *net.init_state(src, valid))
+    torch.testing.assert_close(out, logits.log_softmax(-1), rtol=0, atol=1e-6)
+    assert torch.equal(
+        greedy_decode(twice.init_state, twice.step, src, valid, 12),
+        greedy_decode(net.init_state, net.step, src, valid, 12),
+    )
+    assert torch.equal(
+        beam_search(twice.init_state, twice.step, src, valid, 12, beam_size=3, alpha=1.0),
         beam_search(net.init_state, net.step, src, valid, 12, beam_size=3, alpha=1.0),
     )
 

@@ -7,6 +7,7 @@ Reference for the loss: ``F.cross_entropy`` of each copy's logits and
 paper's eq. 3 divided by 2.
 """
 
+import copy
 import math
 import subprocess
 
@@ -126,3 +127,58 @@ def test_hard_reinforce_attention_scores_both_copies():
     surrogate, metrics = net.score_function_loss(twice)
     assert torch.isfinite(surrogate) and metrics
     assert net.score_function_loss(twice) is None  # the pass is consumed
+
+
+OPTIMIZER = {"_target_": "torch.optim.Adam", "_partial_": True}
+TRANSFORMER = {"_target_": "attnlab.models.transformer.Transformer", "d_model": 16, "num_heads": 2,
+               "num_layers": 1, "ffn_hidden": 32, "dropout": 0.3}  # fmt: skip
+
+
+def _module(net: dict, alpha: float) -> TranslationModule:
+    torch.manual_seed(0)
+    module = TranslationModule(net, OPTIMIZER, V, label_smoothing=0.1, rdrop_alpha=alpha).train()
+    module.log = lambda *args, **kwargs: None  # no Trainer to log to: the step's value is the test
+    return module
+
+
+def test_training_step_minimizes_the_r_drop_loss():
+    """With α > 0 the step's objective is :func:`rdrop_loss` of the batch (same dropout draws), not
+    the cross-entropy; with α = 0 it is the plain :func:`sequence_loss`."""
+    batch = _batch()
+    module = _module(TRANSFORMER, 5.0)
+    torch.manual_seed(3)
+    objective = module.training_step(batch, 0)
+    torch.manual_seed(3)
+    want, ce = rdrop_loss(module.net, batch, 0.1, 5.0)
+    assert torch.equal(objective, want) and want > ce
+    plain = _module(TRANSFORMER, 0.0)
+    torch.manual_seed(3)
+    objective = plain.training_step(batch, 0)
+    torch.manual_seed(3)
+    assert torch.equal(objective, sequence_loss(plain.net, batch, 0.1))
+
+
+def test_training_step_adds_the_surrogate_of_both_copies_for_hard_attention():
+    """Bahdanau with sampled attention: the objective is the R-Drop loss plus the REINFORCE
+    surrogate of the doubled pass (``tgt_out`` stacked on itself)."""
+    net = {"_target_": "attnlab.models.bahdanau.Bahdanau", "embed_size": 8, "num_hiddens": 8,
+           "num_layers": 2, "dropout": 0.2, "attention": "hard_reinforce"}  # fmt: skip
+    batch = _batch()
+    module = _module(net, 5.0)
+    reference = copy.deepcopy(module)  # the same weights and REINFORCE baseline
+    torch.manual_seed(4)
+    objective = module.training_step(batch, 0)
+    torch.manual_seed(4)
+    loss, _ = rdrop_loss(reference.net, batch, 0.1, 5.0)
+    surrogate, _ = reference.net.score_function_loss(torch.cat([batch["tgt_out"], batch["tgt_out"]]))
+    torch.testing.assert_close(objective, loss + surrogate, rtol=0, atol=0)
+
+
+def test_r_drop_without_dropout_is_refused():
+    with pytest.raises(ConfigError, match=r"model.rdrop_alpha=5.0 needs dropout: with model.net.dropout=0 "
+                       r"the two passes agree .* set model.net.dropout \(e.g. 0.2"):  # fmt: skip
+        TranslationModule({**TRANSFORMER, "dropout": 0.0}, OPTIMIZER, V, rdrop_alpha=5.0)
+    # sampled attention is random without dropout: allowed
+    hard = {"_target_": "attnlab.models.bahdanau.Bahdanau", "embed_size": 8, "num_hiddens": 8,
+            "dropout": 0.0, "attention": "hard_reinforce"}  # fmt: skip
+    assert TranslationModule(hard, OPTIMIZER, V, rdrop_alpha=5.0).hparams.rdrop_alpha == 5.0

@@ -13,7 +13,7 @@ from omegaconf import DictConfig, OmegaConf
 from torch import nn
 
 from attnlab.data.synthetic import synthetic_from_config
-from attnlab.errors import MissingFileError
+from attnlab.errors import ConfigError, MissingFileError
 from attnlab.export.trace import export_regression, export_translation
 from attnlab.serving.registry import log_served_model, serve_command
 
@@ -40,6 +40,7 @@ def export_translation_model(cfg: DictConfig, net: nn.Module, record: dict, out_
     Raises:
         MissingFileError: the corpus has no sentencepiece model (D2L's word vocabularies,
             ``data=fra_eng_d2l``): names how that setup is trained and scored instead.
+        ConfigError: ``model.decoding.ensemble`` is set (only evaluate decodes ensembles).
     """
     spm_model = Path(cfg.paths.tokenized) / "spm.model"
     if not spm_model.exists():
@@ -52,6 +53,11 @@ def export_translation_model(cfg: DictConfig, net: nn.Module, record: dict, out_
                 "it those the model trained with (e.g. `python src/export.py model=transformer "
                 "data=parallel data.src_lang=zh data.tgt_lang=en`), or run `dvc repro tokenize`"
             )
+        )
+    if cfg.model.decoding.get("ensemble"):
+        raise ConfigError(
+            "model.decoding.ensemble is evaluate's: export writes the one net it trained; "
+            "drop +model.decoding.ensemble (score an ensemble with src/evaluate.py)"
         )
     facts = _facts(cfg, record)
     facts["decoding"] = OmegaConf.to_container(cfg.model.decoding, resolve=True)  # beam, as evaluate

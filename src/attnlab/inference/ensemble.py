@@ -3,8 +3,9 @@
 An :class:`Ensemble` has the ``init_state`` and ``step`` of a single model (see
 :mod:`attnlab.inference.decoding`), so greedy decoding and beam search run it unchanged. Each
 step every member scores the same prefixes and the ensemble returns the log of the mean of their
-next-token probabilities, log((1/M) Σ_m p_m(y | prefix)): fairseq's ``EnsembleModel``
-(``avg_probs``), the ensembles of Vaswani et al. 2017 and Sutskever et al. 2014.
+next-token probabilities, log((1/M) Σ_m p_m(y | prefix)), as fairseq's ``EnsembleModel``
+(``avg_probs``) and the ensembles of Sutskever et al. 2014 (section 3.6). One member decodes
+exactly as alone: its step output is handed back as it is (logits, not log-probabilities).
 """
 
 from __future__ import annotations
@@ -45,7 +46,8 @@ class Ensemble:
 
         ``ys`` (B, T) int64 is the prefix each member extends. A member that hands back a state
         tensor unchanged (the very object) is passed through as that object, so beam search keeps
-        sharing it. The output is a log-probability: ``log_softmax`` of it is itself.
+        sharing it. With two or more members the output is a log-probability (``log_softmax`` of
+        it is itself); with one, the member's own logits.
         """
         if sum(self._sizes) != len(state):
             raise ValueError(

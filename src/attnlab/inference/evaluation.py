@@ -83,9 +83,10 @@ def evaluate_translation(cfg: DictConfig, net: Transformer | Bahdanau) -> Evalua
             anything is decoded.
         ValueError: ``data.bleu_tokenize`` is not a sacreBLEU tokenizer (checked before the
             tokenized folder).
+        ConfigError: ``model.decoding.ensemble`` is not a list of paths.
         CheckpointError, TokenizerMismatchError: a ``model.decoding.ensemble`` checkpoint that
             is missing, damaged, of another model, or of another corpus
-            (:func:`attnlab.checkpoint.load_net`).
+            (:func:`attnlab.checkpoint.load_net`'s message, prefixed with the setting).
         PairTooLongError: a test source needs more positions than ``net`` has
             (:func:`attnlab.inference.lengths.check_splits_fit`: names the split, line and fix).
         DeviceUnavailableError: the device is not available here.
@@ -111,11 +112,13 @@ def evaluate_translation(cfg: DictConfig, net: Transformer | Bahdanau) -> Evalua
                 f"had `{split}`; re-run the tokenize stage (`dvc repro tokenize`, or "
                 f"`python src/tokenize_data.py data={cfg.data.name}`)"
             )
-    nets = [net, *_ensemble_members(cfg, tok_dir)]
+    members = _ensemble_members(cfg, tok_dir)
     # a source a net cannot take would stop decoding halfway: refused before any is decoded
     sides = {split: TEST_SIDES for split in ("test", *more.values())}
-    for member in nets:
-        check_splits_fit(tok_dir, sides, max_positions(member), cfg.model.name, "evaluate")
+    check_splits_fit(tok_dir, sides, max_positions(net), cfg.model.name, "evaluate")
+    for path, member in zip(cfg.model.decoding.get("ensemble") or [], members):
+        check_splits_fit(tok_dir, sides, max_positions(member), f"{cfg.model.name} ({path})", "evaluate")
+    nets = [net, *members]
     device = single_device(cfg.device)
     settings = OmegaConf.to_container(cfg.model.decoding, resolve=True)
     assert isinstance(settings, dict)  # model.decoding is a mapping in every conf/model/*.yaml
@@ -200,7 +203,17 @@ def _ensemble_members(cfg: DictConfig, tok_dir: Path) -> list:
             f"'+model.decoding.ensemble=[outputs/seed1.ckpt]'; got {paths!r}"
         )
     root = Path(cfg.paths.root)  # a relative path is the project's, as every other path
-    return [load_net(root / p, expected_kind=cfg.model.name, tokenized_dir=tok_dir) for p in paths]
+    members = []
+    for path in paths:
+        try:
+            members.append(load_net(root / path, expected_kind=cfg.model.name, tokenized_dir=tok_dir))
+        except UserError as e:  # load_net's fix is for the kept checkpoint: name the member's
+            raise type(e)(
+                f"model.decoding.ensemble: {e} (this member: give the path of a checkpoint of this "
+                "model trained on this corpus, e.g. one written by scripts/choose_on_val.py "
+                "--write, or leave it out)"
+            ) from None
+    return members
 
 
 def _more_test_splits(data: DictConfig) -> dict[str, str]:

@@ -146,7 +146,8 @@ class TranslationModule(pl.LightningModule):
     shows after each validation.
     Raises:
         ConfigError: a ``model.net`` the model classes refuse (their message), an unknown
-            ``lr_decay``, an ``rdrop_alpha`` < 0.
+            ``lr_decay``, an ``rdrop_alpha`` < 0, or > 0 for a net without dropout (and
+            without sampled attention).
         NonFiniteLossError: from ``training_step`` when the loss is NaN or ±inf (names the step).
     """
 
@@ -176,6 +177,13 @@ class TranslationModule(pl.LightningModule):
             self.net = build_net(net, vocab_size=vocab_size, pad_id=PAD_ID, **extra)
         except ValueError as e:
             raise ConfigError(str(e)) from e
+        stochastic = any(isinstance(m, torch.nn.Dropout) and m.p > 0 for m in self.net.modules())
+        if rdrop_alpha > 0 and not stochastic and net.get("attention") != "hard_reinforce":
+            raise ConfigError(
+                f"model.rdrop_alpha={rdrop_alpha} needs dropout: with model.net.dropout=0 the two "
+                "passes agree and R-Drop only doubles each step; set model.net.dropout (e.g. 0.2, "
+                "+experiment=full's) or leave model.rdrop_alpha out"
+            )
         # Validation metrics (states not saved in checkpoints, summed across DDP ranks).
         # A NaN batch loss makes val_loss NaN (a float strategy puts that float in place of a NaN,
         # weight kept): "warn"/"ignore" would drop the batch, and "disable" replaces every
