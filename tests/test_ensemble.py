@@ -91,18 +91,19 @@ def test_two_real_nets_against_the_mean_of_their_softmaxes():
         assert state[offset + 1] is not initial[offset + 1]  # the position moved on
 
 
+def _decodes_as(ensemble: Ensemble, net: Transformer, src, valid) -> None:
+    """The ensemble's greedy and beam-search tokens are the net's, exactly."""
+    for decode, extra in ((greedy_decode, ()), (beam_search, (3, 1.0))):
+        assert torch.equal(
+            decode(ensemble.init_state, ensemble.step, src, valid, 12, *extra),
+            decode(net.init_state, net.step, src, valid, 12, *extra),
+        )
+
+
 def test_one_member_decodes_exactly_as_the_net_alone():
     net = _net(2)
     src, valid = _batch()
-    alone = Ensemble([(net.init_state, net.step)])
-    assert torch.equal(
-        greedy_decode(alone.init_state, alone.step, src, valid, 12),
-        greedy_decode(net.init_state, net.step, src, valid, 12),
-    )
-    assert torch.equal(
-        beam_search(alone.init_state, alone.step, src, valid, 12, beam_size=3, alpha=1.0),
-        beam_search(net.init_state, net.step, src, valid, 12, beam_size=3, alpha=1.0),
-    )
+    _decodes_as(Ensemble([(net.init_state, net.step)]), net, src, valid)
 
 
 def test_a_net_twice_decodes_as_the_net_alone():
@@ -117,14 +118,7 @@ def test_a_net_twice_decodes_as_the_net_alone():
         out, *_ = twice.step(torch.full((3, 1), BOS_ID), *state)
         logits, *_ = net.step(torch.full((3, 1), BOS_ID), *net.init_state(src, valid))
     torch.testing.assert_close(out, logits.log_softmax(-1), rtol=0, atol=1e-6)
-    assert torch.equal(
-        greedy_decode(twice.init_state, twice.step, src, valid, 12),
-        greedy_decode(net.init_state, net.step, src, valid, 12),
-    )
-    assert torch.equal(
-        beam_search(twice.init_state, twice.step, src, valid, 12, beam_size=3, alpha=1.0),
-        beam_search(net.init_state, net.step, src, valid, 12, beam_size=3, alpha=1.0),
-    )
+    _decodes_as(twice, net, src, valid)
 
 
 def test_an_ensemble_decodes_a_sentence_alone_as_in_its_batch():
