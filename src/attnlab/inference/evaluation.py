@@ -116,9 +116,9 @@ def evaluate_translation(cfg: DictConfig, net: Transformer | Bahdanau) -> Evalua
     # a source a net cannot take would stop decoding halfway: refused before any is decoded
     sides = {split: TEST_SIDES for split in ("test", *more.values())}
     check_splits_fit(tok_dir, sides, max_positions(net), cfg.model.name, "evaluate")
-    for path, member in zip(cfg.model.decoding.get("ensemble") or [], members):
+    for path, member in members:
         check_splits_fit(tok_dir, sides, max_positions(member), f"{cfg.model.name} ({path})", "evaluate")
-    nets = [net, *members]
+    nets = [net, *(member for _, member in members)]
     device = single_device(cfg.device)
     settings = OmegaConf.to_container(cfg.model.decoding, resolve=True)
     assert isinstance(settings, dict)  # model.decoding is a mapping in every conf/model/*.yaml
@@ -187,9 +187,9 @@ def evaluate_translation(cfg: DictConfig, net: Transformer | Bahdanau) -> Evalua
     )
 
 
-def _ensemble_members(cfg: DictConfig, tok_dir: Path) -> list:
-    """The nets of ``model.decoding.ensemble`` (checkpoint paths, relative ones from ``paths.root``),
-    loaded as evaluate loads its own.
+def _ensemble_members(cfg: DictConfig, tok_dir: Path) -> list[tuple[str, Transformer | Bahdanau]]:
+    """(path as given, net) of each checkpoint of ``model.decoding.ensemble`` (a relative path is
+    from ``paths.root``), loaded as evaluate loads its own.
 
     Raises:
         ConfigError: the setting is not a list of paths.
@@ -206,7 +206,7 @@ def _ensemble_members(cfg: DictConfig, tok_dir: Path) -> list:
     members = []
     for path in paths:
         try:
-            members.append(load_net(root / path, expected_kind=cfg.model.name, tokenized_dir=tok_dir))
+            members.append((path, load_net(root / path, expected_kind=cfg.model.name, tokenized_dir=tok_dir)))
         except UserError as e:  # load_net's fix is for the kept checkpoint: name the member's
             raise type(e)(
                 f"model.decoding.ensemble: {e} (this member: give the path of a checkpoint of this "
