@@ -203,16 +203,18 @@ def _ensemble_members(cfg: DictConfig, tok_dir: Path) -> list[tuple[str, Transfo
             f"'+model.decoding.ensemble=[outputs/seed1.ckpt]'; got {paths!r}"
         )
     root = Path(cfg.paths.root)  # a relative path is the project's, as every other path
-    members = []
+    members: list[tuple[str, Transformer | Bahdanau]] = []
     for path in paths:
         try:
-            members.append((path, load_net(root / path, expected_kind=cfg.model.name, tokenized_dir=tok_dir)))
+            net = load_net(root / path, expected_kind=cfg.model.name, tokenized_dir=tok_dir)
         except UserError as e:  # load_net's fix is for the kept checkpoint: name the member's
             raise type(e)(
                 f"model.decoding.ensemble: {e} (this member: give the path of a checkpoint of this "
                 "model trained on this corpus, e.g. one written by scripts/choose_on_val.py "
                 "--write, or leave it out)"
             ) from None
+        assert isinstance(net, (Transformer, Bahdanau))  # expected_kind is a translation model's
+        members.append((path, net))
     return members
 
 
