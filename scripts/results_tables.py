@@ -8,7 +8,8 @@ writes, from those two files alone:
 - the results table of ``README.md``, between the lines ``<!-- results:start -->`` and
   ``<!-- results:end -->`` (nothing else of the README is touched);
 - ``docs/results/index.md``: for the default and the full profile (their current recipes), per
-  model and direction, the range of test scores over every run, machine and thread count;
+  model and direction, the range of test scores over every run, machine and thread count; the
+  recipe trials, each beside the run it changed (its ``compared_to``) with its gain on validation;
 - ``docs/results/runs.md``: every run, grouped by profile and recipe;
 - ``docs/results/machines.md``: the machines.
 
@@ -90,7 +91,7 @@ RUN_COLUMNS = [
     "test_2017_flickr_bleu", "test_2017_flickr_bleu_lc", "test_2017_flickr_chrf", "nw_mse",
     "signature_bleu", "signature_bleu_lc", "signature_chrf",
     "val_bleu_greedy", "val_bleu_beam5", "val_bleu_epochs", "mlflow_run_id", "source", "notes",
-    "test_2016_flickr_bleu_tok_lc", "test_2017_flickr_bleu_tok_lc", "signature_bleu_tok_lc",
+    "test_2016_flickr_bleu_tok_lc", "test_2017_flickr_bleu_tok_lc", "signature_bleu_tok_lc", "compared_to",
 ]  # fmt: skip
 MACHINE_COLUMNS = [
     "machine", "cpu_model", "cores", "memory", "avx2", "avx512f", "avx512_bf16", "amx_bf16", "seen", "notes",
@@ -211,7 +212,46 @@ def problems(
             found += _value_problems(r, where)
         except ValueError as e:
             found.append(f"{where}: {e}")
+    found += _comparison_problems(runs)
     return found
+
+
+def _comparison_problems(runs: Sequence[dict[str, str]]) -> list[str]:
+    """``compared_to`` names another run with a row of the same model, corpus and direction, and
+    following it never comes back to the row."""
+    found = []
+    for i, r in enumerate(runs, start=2):
+        if not r.get("compared_to"):
+            continue
+        where = f"{RUNS_CSV} line {i} ({r.get('run')}, {r.get('model')})"
+        if r["compared_to"] == r.get("run"):
+            found.append(f"{where}: compared_to names the run itself")
+            continue
+        base = compared_run(runs, r)
+        if base is None:
+            found.append(
+                f"{where}: compared_to {r['compared_to']!r} is not a run with a {r.get('model')} row "
+                "of the same corpus and direction"
+            )
+            continue
+        chain = {r["run"]}
+        while base is not None and base.get("compared_to"):
+            if base["run"] in chain:
+                found.append(f"{where}: compared_to comes back to {base['run']!r} (a cycle)")
+                break
+            chain.add(base["run"])
+            base = compared_run(runs, base)
+    return found
+
+
+def compared_run(runs: Sequence[dict[str, str]], r: dict[str, str]) -> dict[str, str] | None:
+    """The row of run ``r["compared_to"]`` with ``r``'s model, corpus and direction, or None."""
+    for b in runs:
+        if b.get("run") == r.get("compared_to") and all(
+            b.get(c) == r.get(c) for c in ("model", "corpus", "src_lang", "tgt_lang")
+        ):
+            return b
+    return None
 
 
 def _value_problems(r: dict[str, str], where: str) -> list[str]:
@@ -534,6 +574,30 @@ def render_index(
         signatures = _signatures(rows)
         if signatures:
             lines += ["sacreBLEU signature: " + ", ".join(f"`{s}`" for s in signatures) + ".", ""]
+    trials = _trial_rows(runs)
+    if trials:
+        lines += [
+            "## Recipe trials: each change against the run it changed",
+            "",
+            "Changes tried on a profile's recipe, each chosen or dropped on validation. Each run "
+            "names the run it changed (`compared_to` in `results/runs.csv`; a chain's first run "
+            "names none). Δ val: its validation BLEU minus that run's, by beam 5 on all 1,014 "
+            "validation sentences where both recorded it, else by greedy `val_bleu` (the first "
+            "300 sentences) after the run's last epoch, against the same epoch of the run it "
+            "changed (a run stopped early), or against that run's last when it ran fewer "
+            "(\"epoch n vs m\"). Test scores are only "
+            "reported: test_2016_flickr and test_2017_flickr, each as sacreBLEU / the papers' "
+            "BLEU (tokenized, lowercased; – where not measured). Runs on different machines or "
+            "beside other work differ by a few tenths for that alone (see the ranges above).",
+            "",
+            *_table(
+                ["model", "direction", "change", "run", "compared with", "epochs", "val BLEU",
+                 "Δ val", "test_2016_flickr BLEU / papers'", "test_2017_flickr BLEU / papers'",
+                 "training (min)", "machine (threads)"],
+                trials,
+            ),
+            "",
+        ]  # fmt: skip
     ablations = _ablation_rows(runs)
     if ablations:
         lines += [
@@ -796,6 +860,90 @@ def _ablation_rows(runs: Sequence[dict[str, str]]) -> list[list[str]]:
                     row["mlflow_run_id"],
                 ]
             )
+    return out
+
+
+def _greedy_after(r: dict[str, str], epoch: int) -> float | None:
+    values = r.get("val_bleu_epochs", "").split()
+    if not 0 < epoch <= len(values) or values[epoch - 1] == "?":
+        return None
+    return float(values[epoch - 1])
+
+
+def validation_gain(r: dict[str, str], base: dict[str, str]) -> tuple[str, float] | None:
+    """How run ``r`` compares with ``base`` on validation: ("beam 5", Δ) from ``val_bleu_beam5``
+    when both have it, else ("greedy, epoch n", Δ) from ``val_bleu_epochs`` after ``r``'s last
+    epoch n against ``base``'s epoch n (a run stopped early against the same epoch of the run it
+    changed), or against ``base``'s last epoch m when it ran fewer ("greedy, epoch n vs m");
+    None when neither is recorded for both."""
+    ours, theirs = _number(r.get("val_bleu_beam5", "")), _number(base.get("val_bleu_beam5", ""))
+    if ours is not None and theirs is not None:
+        return "beam 5", ours - theirs
+    n = len(r.get("val_bleu_epochs", "").split())
+    m = min(n, len(base.get("val_bleu_epochs", "").split()))
+    ours, theirs = _greedy_after(r, n), _greedy_after(base, m)
+    if ours is None or theirs is None:
+        return None
+    return (f"greedy, epoch {n}" if m == n else f"greedy, epoch {n} vs {m}"), ours - theirs
+
+
+def _trial_order(runs: Sequence[dict[str, str]]) -> list[dict[str, str]]:
+    """The rows that name a ``compared_to`` and the rows they name, each chain from its first
+    run down (depth first, in the file's order)."""
+    children: dict[int, list[dict[str, str]]] = {}
+    roots: list[dict[str, str]] = []
+    for r in runs:
+        base = compared_run(runs, r) if r.get("compared_to") else None
+        if base is None:
+            continue
+        children.setdefault(id(base), []).append(r)
+        if not base.get("compared_to") and all(base is not x for x in roots):
+            roots.append(base)
+    out: list[dict[str, str]] = []
+
+    def visit(r: dict[str, str]) -> None:
+        out.append(r)
+        for child in children.get(id(r), []):
+            visit(child)
+
+    position = {id(r): i for i, r in enumerate(runs)}
+    for root in sorted(roots, key=lambda r: position[id(r)]):
+        visit(root)
+    return out
+
+
+def _trial_rows(runs: Sequence[dict[str, str]]) -> list[list[str]]:
+    out = []
+    for r in _trial_order(runs):
+        base = compared_run(runs, r) if r.get("compared_to") else None
+        gain = validation_gain(r, base) if base is not None else None
+        trial = r["profile"].removeprefix(ABLATION + ": ")
+        change = trial if trial != r["profile"] else f"the {trial} profile, recipe `{r['recipe']}`"
+        if r.get("val_bleu_beam5"):
+            val = f"beam 5: {_value(r, 'val_bleu_beam5')}"
+        elif r.get("val_bleu_epochs"):
+            epochs = r["val_bleu_epochs"].split()
+            val = f"greedy, epoch {len(epochs)}: {epochs[-1]}"
+        else:
+            val = ""
+        out.append(
+            [
+                MODEL_NAMES[r["model"]],
+                _direction(r),
+                change,
+                f"`{r['run']}`",
+                f"`{r['compared_to']}`" if base is not None else "",
+                r.get("epochs", ""),
+                val,
+                "" if gain is None else f"{gain[1]:+.2f} ({gain[0]})",
+                *(
+                    " / ".join(_value(r, f"{test_set}_{c}") or "–" for c in ("bleu", "bleu_tok_lc"))
+                    for test_set in ("test_2016_flickr", "test_2017_flickr")
+                ),
+                r.get("minutes_train", ""),
+                f"{r['machine']} ({r['threads'] or '?'})",
+            ]
+        )  # fmt: skip
     return out
 
 
@@ -1218,6 +1366,7 @@ def rows_from_metrics(
     source: str = "",
     notes: str = "",
     epochs: dict[str, str] | None = None,
+    compared_to: str = "",
 ) -> list[dict[str, str]]:
     """One row per ``metrics/<model>.json`` in ``metrics_dir`` (Transformer, Bahdanau, NW)."""
     rows = []
@@ -1232,7 +1381,7 @@ def rows_from_metrics(
             "recipe": recipe, "model": model, "machine": machine, "threads": threads,
             "concurrent": concurrent, "precision": precision,
             "mlflow_run_id": (mlflow_run_ids or {}).get(model, ""),
-            "epochs": (epochs or {}).get(model, ""), "notes": notes,
+            "epochs": (epochs or {}).get(model, ""), "notes": notes, "compared_to": compared_to,
             "source": source or f"metrics/{model}.json of the run of {commit} (results_tables.py add-run)",
         }  # fmt: skip
         row |= {k: v for k, v in (minutes or {}).items() if v}
@@ -1353,6 +1502,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     add.add_argument("--date", default="", help="YYYY-MM-DD (default: today, UTC)")
     add.add_argument("--source", default="")
     add.add_argument("--notes", default="")
+    add.add_argument("--compared-to", default="", metavar="RUN",
+                     help="the run this one changed one thing of (a recipe trial; its Δ val)")  # fmt: skip
     args = parser.parse_args(argv)
     root = args.root.resolve()
 
@@ -1383,6 +1534,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                 mlflow_run_ids=_split_ids(args.mlflow_run_id),
                 source=args.source,
                 notes=args.notes,
+                compared_to=args.compared_to,
             )
         except MarkersMissing as e:
             print(f"rows added; docs/results written; README.md not: {e}", file=sys.stderr)

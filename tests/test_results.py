@@ -255,6 +255,75 @@ def test_an_ablation_that_adds_a_switch_to_another_is_compared_with_it(tmp_path)
     assert index.count("(default `r2`)") == 1
 
 
+TRIAL = "ablation: "
+
+
+def test_a_recipe_trial_is_set_beside_the_run_it_changed_with_its_validation_gain(tmp_path):
+    runs = [
+        *TINY_RUNS,
+        _run("g1", profile="full", recipe="p1", tgt_lang="de", epochs=3, val_bleu_beam5=40.31,
+             val_bleu_epochs="30.00 35.00 38.00", test_2016_flickr_bleu=40.16),
+        _run("g2", profile=TRIAL + "36 epochs", recipe="p1", tgt_lang="de", epochs=36, val_bleu_beam5=40.62,
+             test_2016_flickr_bleu=39.08, test_2016_flickr_bleu_tok_lc=39.5572, compared_to="g1"),
+        _run("g3", profile=TRIAL + "ensemble", recipe="p1", tgt_lang="de", epochs=36, val_bleu_beam5=42.64,
+             test_2016_flickr_bleu=40.77, compared_to="g2"),
+        # stopped after epoch 2: its greedy val_bleu against g1's after epoch 2
+        _run("g4", profile=TRIAL + "dropout 0.3", recipe="p1", tgt_lang="de", epochs=2,
+             val_bleu_epochs="? 33.50", compared_to="g1"),
+        # trained longer than the run it changed: its last epoch against that run's last
+        _run("b1", "bahdanau", profile=TRIAL + "1 epoch", recipe="r2", epochs=1, val_bleu_epochs="11.92"),
+        _run("b2", "bahdanau", profile=TRIAL + "2 epochs", recipe="r2", epochs=2,
+             val_bleu_epochs="17.63 27.03", compared_to="b1"),
+    ]  # fmt: skip
+    g1, g2, g3, g4, b1, b2 = runs[-6:]
+    assert rt.problems(runs, list(csv.DictReader(MACHINES_CSV.splitlines()))) == []
+    assert rt.validation_gain(g2, g1) == ("beam 5", pytest.approx(0.31))
+    assert rt.validation_gain(g4, g1) == ("greedy, epoch 2", pytest.approx(-1.5))
+    assert rt.validation_gain(b2, b1) == ("greedy, epoch 2 vs 1", pytest.approx(15.11))
+    assert rt.validation_gain(g3, b1) is None  # beam 5 against greedy only: nothing recorded alike
+    root = _tiny_project(tmp_path, runs)
+    rt.write(root)
+    index = (root / "docs/results/index.md").read_text()
+    table = index.split("## Recipe trials")[1].split("\n## ")[0]
+    rows = [line for line in table.splitlines() if line.startswith(("| Transformer", "| Bahdanau"))]
+    # each chain from its first run down: g1, then what changed it (g2, then g3 which changed g2), g4
+    assert [row.split(" | ")[3] for row in rows] == ["`g1`", "`g2`", "`g3`", "`g4`", "`b1`", "`b2`"]
+    first = "| Transformer | en→de | the full profile, recipe `p1` | `g1` |  | 3 | beam 5: 40.31 |  | 40.16 / – | – / – |  | box-a (?) |"  # noqa: E501 - one table row, as generated
+    assert rows[0] == first
+    assert "| `g2` | `g1` | 36 | beam 5: 40.62 | +0.31 (beam 5) | 39.08 / 39.56 | – / – |" in rows[1]
+    assert "| `g3` | `g2` | 36 | beam 5: 42.64 | +2.02 (beam 5) | 40.77 / – |" in rows[2]
+    assert "| dropout 0.3 | `g4` | `g1` | 2 | greedy, epoch 2: 33.50 | -1.50 (greedy, epoch 2) |" in rows[3]
+    assert "| `b2` | `b1` | 2 | greedy, epoch 2: 27.03 | +15.11 (greedy, epoch 2 vs 1) |" in rows[5]
+    assert "| 36 epochs | `g2` |" in rows[1] and "| 2 epochs | `b2` |" in rows[5]
+    # the runs page keeps the column, so the comparison is in the data, not only in the table
+    assert rt.read_csv(root / "results" / "runs.csv")[1][-4]["compared_to"] == "g2"
+
+
+def test_compared_to_names_another_run_of_the_same_model_and_direction_without_a_cycle():
+    machines = list(csv.DictReader(MACHINES_CSV.splitlines()))
+    base = _run("c1", test_2016_flickr_bleu=50)
+
+    def found(*rows):
+        return "\n".join(rt.problems([base, *rows], machines))
+
+    assert "compared_to 'nope' is not a run with a transformer row of the same corpus and direction" in found(
+        _run("c2", test_2016_flickr_bleu=50, compared_to="nope")
+    )
+    assert "compared_to 'c1' is not a run with a bahdanau row" in found(
+        _run("c2", "bahdanau", test_2016_flickr_bleu=30, compared_to="c1")
+    )
+    assert "compared_to 'c1' is not a run with a transformer row of the same corpus and direction" in found(
+        _run("c2", test_2016_flickr_bleu=30, tgt_lang="de", compared_to="c1")
+    )
+    assert "compared_to names the run itself" in found(_run("c2", test_2016_flickr_bleu=50, compared_to="c2"))
+    cycle = found(
+        _run("c2", test_2016_flickr_bleu=50, compared_to="c3"),
+        _run("c3", test_2016_flickr_bleu=50, compared_to="c2"),
+    )
+    assert "compared_to comes back to 'c2' (a cycle)" in cycle
+    assert found(_run("c2", test_2016_flickr_bleu=50, compared_to="c1")) == ""
+
+
 def test_a_range_whose_ends_print_alike_is_one_figure():
     rows = [_run("a", test_2016_flickr_bleu=28.232), _run("b", test_2016_flickr_bleu=28.2349)]
     assert rt.score_range(rows, "test_2016_flickr_bleu") == "28.23 (2 runs)"
@@ -394,6 +463,28 @@ def test_add_run_takes_mlflow_ids_and_the_recipe_from_its_options(tmp_path):
     new = _rows(root / "results" / "runs.csv")[-3:]
     assert [r["mlflow_run_id"] for r in new] == ["c" * 32, "d" * 32, ""]
     assert {r["recipe"] for r in new} == {"ad61121"} and {r["precision"] for r in new} == {""}
+    assert {r["compared_to"] for r in new} == {""}
+
+
+def test_add_run_records_the_run_a_trial_changed(tmp_path, capsys):
+    root = _project_copy(tmp_path)
+    args = ["--root", str(root), "add-run", "--commit", "abcdef1", "--machine", "epyc-avx512bf16",
+            "--metrics-dir", str(root / "metrics"), "--runs-dir", str(tmp_path / "none"),
+            "--profile", "ablation: 36 epochs", "--recipe", "ad61121",
+            "--compared-to", "ad61121-full-en-de"]  # fmt: skip
+    # the committed metrics are en→fr: the en→de run it names is not a run of the same direction
+    assert rt.main(args) == 2
+    assert "compared_to 'ad61121-full-en-de' is not a run with a transformer row" in capsys.readouterr().err
+    args[-1] = "ad61121-full-en-fr"
+    (root / "metrics" / "bahdanau.json").unlink()
+    (root / "metrics" / "nw.json").unlink()
+    assert rt.main(args) == 0
+    (new,) = _rows(root / "results" / "runs.csv")[-1:]
+    assert (new["profile"], new["compared_to"]) == ("ablation: 36 epochs", "ad61121-full-en-fr")
+    assert (
+        "| 36 epochs | `abcdef1-epyc-avx512bf16` | `ad61121-full-en-fr` |"
+        in (root / "docs/results/index.md").read_text()
+    )
 
 
 def test_bleu_by_length_scores_each_bucket_as_sacrebleu_scores_its_sentences():
