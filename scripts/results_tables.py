@@ -579,16 +579,24 @@ def render_index(
         lines += [
             "## Recipe trials: each change against the run it changed",
             "",
-            "Changes tried on a profile's recipe, each chosen or dropped on validation. Each run "
+            "Changes tried on a profile's recipe, each kept or dropped on validation. Each run "
             "names the run it changed (`compared_to` in `results/runs.csv`; a chain's first run "
-            "names none). Δ val: its validation BLEU minus that run's, by beam 5 on all 1,014 "
-            "validation sentences where both recorded it, else by greedy `val_bleu` (the first "
-            "300 sentences) after the run's last epoch, against the same epoch of the run it "
-            "changed (a run stopped early), or against that run's last when it ran fewer "
-            "(\"epoch n vs m\"). Test scores are only "
+            "names none); what changed is its change column, sometimes more than one thing, and "
+            "an ensemble is set beside the better of its runs alone, or the smaller ensemble it "
+            "extends. Δ val: its validation BLEU "
+            "minus that run's (from the unrounded scores), by beam 5 on all 1,014 validation "
+            "sentences where both recorded it, else by greedy `val_bleu` (the first 300 "
+            "sentences) of the weights after one epoch, not the weights each run kept: the "
+            "run's last epoch against the same epoch of the run it changed (a run stopped "
+            "early), or against that run's last when it ran fewer (\"epoch n vs m\"). A row "
+            "\"chosen on val\" is the best of a grid of averagings and length penalties that "
+            "includes the run's own, scored on the same validation split, so its Δ val cannot "
+            "be negative and overstates what it would give on new text. Test scores are only "
             "reported: test_2016_flickr and test_2017_flickr, each as sacreBLEU / the papers' "
-            "BLEU (tokenized, lowercased; – where not measured). Runs on different machines or "
-            "beside other work differ by a few tenths for that alone (see the ranges above).",
+            "BLEU (tokenized, lowercased; – where not measured). Two seeds of one recipe, or "
+            "one run on two machines, differ by up to about a point of val BLEU for that alone "
+            "(the seed rows below; the ranges above); each run's machine, precision and "
+            "schedule are in [every run](runs.md).",
             "",
             *_table(
                 ["model", "direction", "change", "run", "compared with", "epochs", "val BLEU",
@@ -872,10 +880,10 @@ def _greedy_after(r: dict[str, str], epoch: int) -> float | None:
 
 def validation_gain(r: dict[str, str], base: dict[str, str]) -> tuple[str, float] | None:
     """How run ``r`` compares with ``base`` on validation: ("beam 5", Δ) from ``val_bleu_beam5``
-    when both have it, else ("greedy, epoch n", Δ) from ``val_bleu_epochs`` after ``r``'s last
-    epoch n against ``base``'s epoch n (a run stopped early against the same epoch of the run it
-    changed), or against ``base``'s last epoch m when it ran fewer ("greedy, epoch n vs m");
-    None when neither is recorded for both."""
+    when both have it, else ("greedy, epoch n: a vs b", Δ) from ``val_bleu_epochs`` after ``r``'s
+    last epoch n against ``base``'s epoch n (a run stopped early against the same epoch of the
+    run it changed), or against ``base``'s last epoch m when it ran fewer ("greedy, epoch n vs
+    m: a vs b"); None when neither is recorded for both. Δ from the unrounded scores."""
     ours, theirs = _number(r.get("val_bleu_beam5", "")), _number(base.get("val_bleu_beam5", ""))
     if ours is not None and theirs is not None:
         return "beam 5", ours - theirs
@@ -884,7 +892,8 @@ def validation_gain(r: dict[str, str], base: dict[str, str]) -> tuple[str, float
     ours, theirs = _greedy_after(r, n), _greedy_after(base, m)
     if ours is None or theirs is None:
         return None
-    return (f"greedy, epoch {n}" if m == n else f"greedy, epoch {n} vs {m}"), ours - theirs
+    epochs = f"epoch {n}" if m == n else f"epoch {n} vs {m}"
+    return f"greedy, {epochs}: {ours:.2f} vs {theirs:.2f}", ours - theirs
 
 
 def _trial_order(runs: Sequence[dict[str, str]]) -> list[dict[str, str]]:
@@ -1366,9 +1375,11 @@ def rows_from_metrics(
     source: str = "",
     notes: str = "",
     epochs: dict[str, str] | None = None,
-    compared_to: str = "",
+    compared_to: dict[str, str] | None = None,
+    val_bleu_beam5: dict[str, str] | None = None,
 ) -> list[dict[str, str]]:
-    """One row per ``metrics/<model>.json`` in ``metrics_dir`` (Transformer, Bahdanau, NW)."""
+    """One row per ``metrics/<model>.json`` in ``metrics_dir`` (Transformer, Bahdanau, NW);
+    ``compared_to`` and ``val_bleu_beam5`` per model, as ``mlflow_run_ids``."""
     rows = []
     for model in MODELS:
         path = metrics_dir / f"{model}.json"
@@ -1381,7 +1392,9 @@ def rows_from_metrics(
             "recipe": recipe, "model": model, "machine": machine, "threads": threads,
             "concurrent": concurrent, "precision": precision,
             "mlflow_run_id": (mlflow_run_ids or {}).get(model, ""),
-            "epochs": (epochs or {}).get(model, ""), "notes": notes, "compared_to": compared_to,
+            "epochs": (epochs or {}).get(model, ""), "notes": notes,
+            "compared_to": (compared_to or {}).get(model, ""),
+            "val_bleu_beam5": (val_bleu_beam5 or {}).get(model, ""),
             "source": source or f"metrics/{model}.json of the run of {commit} (results_tables.py add-run)",
         }  # fmt: skip
         row |= {k: v for k, v in (minutes or {}).items() if v}
@@ -1502,8 +1515,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     add.add_argument("--date", default="", help="YYYY-MM-DD (default: today, UTC)")
     add.add_argument("--source", default="")
     add.add_argument("--notes", default="")
-    add.add_argument("--compared-to", default="", metavar="RUN",
-                     help="the run this one changed one thing of (a recipe trial; its Δ val)")  # fmt: skip
+    add.add_argument("--compared-to", action="append", default=[], metavar="[MODEL=]RUN",
+                     help="a recipe trial: the run it changed (the Transformer's unless MODEL= is given); "
+                          "repeatable")  # fmt: skip
+    add.add_argument("--val-bleu-beam5", action="append", default=[], metavar="[MODEL=]BLEU",
+                     help="beam-5 BLEU on the whole validation split (scripts/choose_on_val.py prints "
+                          "it), for the trial's Δ val; repeatable")  # fmt: skip
     args = parser.parse_args(argv)
     root = args.root.resolve()
 
@@ -1534,7 +1551,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                 mlflow_run_ids=_split_ids(args.mlflow_run_id),
                 source=args.source,
                 notes=args.notes,
-                compared_to=args.compared_to,
+                compared_to=_split_ids(args.compared_to),
+                val_bleu_beam5=_split_ids(args.val_bleu_beam5),
             )
         except MarkersMissing as e:
             print(f"rows added; docs/results written; README.md not: {e}", file=sys.stderr)

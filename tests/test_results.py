@@ -278,9 +278,9 @@ def test_a_recipe_trial_is_set_beside_the_run_it_changed_with_its_validation_gai
     g1, g2, g3, g4, b1, b2 = runs[-6:]
     assert rt.problems(runs, list(csv.DictReader(MACHINES_CSV.splitlines()))) == []
     assert rt.validation_gain(g2, g1) == ("beam 5", pytest.approx(0.31))
-    assert rt.validation_gain(g4, g1) == ("greedy, epoch 2", pytest.approx(-1.5))
-    assert rt.validation_gain(b2, b1) == ("greedy, epoch 2 vs 1", pytest.approx(15.11))
-    assert rt.validation_gain(g3, b1) is None  # beam 5 against greedy only: nothing recorded alike
+    assert rt.validation_gain(g4, g1) == ("greedy, epoch 2: 33.50 vs 35.00", pytest.approx(-1.5))
+    assert rt.validation_gain(b2, b1) == ("greedy, epoch 2 vs 1: 27.03 vs 11.92", pytest.approx(15.11))
+    assert rt.validation_gain(g3, g4) is None  # beam 5 against greedy only: nothing recorded alike
     root = _tiny_project(tmp_path, runs)
     rt.write(root)
     index = (root / "docs/results/index.md").read_text()
@@ -292,8 +292,12 @@ def test_a_recipe_trial_is_set_beside_the_run_it_changed_with_its_validation_gai
     assert rows[0] == first
     assert "| `g2` | `g1` | 36 | beam 5: 40.62 | +0.31 (beam 5) | 39.08 / 39.56 | – / – |" in rows[1]
     assert "| `g3` | `g2` | 36 | beam 5: 42.64 | +2.02 (beam 5) | 40.77 / – |" in rows[2]
-    assert "| dropout 0.3 | `g4` | `g1` | 2 | greedy, epoch 2: 33.50 | -1.50 (greedy, epoch 2) |" in rows[3]
-    assert "| `b2` | `b1` | 2 | greedy, epoch 2: 27.03 | +15.11 (greedy, epoch 2 vs 1) |" in rows[5]
+    assert "| `g4` | `g1` | 2 | greedy, epoch 2: 33.50 | -1.50 (greedy, epoch 2: 33.50 vs 35.00) |" in rows[3]
+    assert (
+        "| `b2` | `b1` | 2 | greedy, epoch 2: 27.03 | +15.11 (greedy, epoch 2 vs 1: 27.03 vs 11.92) |"
+        in rows[5]
+    )
+    assert "| dropout 0.3 | `g4` |" in rows[3]
     assert "| 36 epochs | `g2` |" in rows[1] and "| 2 epochs | `b2` |" in rows[5]
     # the runs page keeps the column, so the comparison is in the data, not only in the table
     assert rt.read_csv(root / "results" / "runs.csv")[1][-4]["compared_to"] == "g2"
@@ -470,19 +474,24 @@ def test_add_run_records_the_run_a_trial_changed(tmp_path, capsys):
     root = _project_copy(tmp_path)
     args = ["--root", str(root), "add-run", "--commit", "abcdef1", "--machine", "epyc-avx512bf16",
             "--metrics-dir", str(root / "metrics"), "--runs-dir", str(tmp_path / "none"),
-            "--profile", "ablation: 36 epochs", "--recipe", "ad61121",
+            "--profile", "ablation: 36 epochs", "--recipe", "ad61121", "--val-bleu-beam5", "58.0",
             "--compared-to", "ad61121-full-en-de"]  # fmt: skip
     # the committed metrics are en→fr: the en→de run it names is not a run of the same direction
     assert rt.main(args) == 2
     assert "compared_to 'ad61121-full-en-de' is not a run with a transformer row" in capsys.readouterr().err
     args[-1] = "ad61121-full-en-fr"
-    (root / "metrics" / "bahdanau.json").unlink()
-    (root / "metrics" / "nw.json").unlink()
     assert rt.main(args) == 0
-    (new,) = _rows(root / "results" / "runs.csv")[-1:]
-    assert (new["profile"], new["compared_to"]) == ("ablation: 36 epochs", "ad61121-full-en-fr")
+    t, b, n = _rows(root / "results" / "runs.csv")[-3:]
+    assert (t["profile"], t["compared_to"], t["val_bleu_beam5"]) == (
+        "ablation: 36 epochs",
+        "ad61121-full-en-fr",
+        "58.0",
+    )
+    assert b["compared_to"] == n["compared_to"] == b["val_bleu_beam5"] == ""  # the Transformer's only
+    base = next(r for r in _rows(root / "results" / "runs.csv") if r["run"] == "ad61121-full-en-fr")
+    gain = f"{58.0 - float(base['val_bleu_beam5']):+.2f} (beam 5)"
     assert (
-        "| 36 epochs | `abcdef1-epyc-avx512bf16` | `ad61121-full-en-fr` |"
+        f"| 36 epochs | `abcdef1-epyc-avx512bf16` | `ad61121-full-en-fr` |  | beam 5: 58.00 | {gain} |"
         in (root / "docs/results/index.md").read_text()
     )
 
