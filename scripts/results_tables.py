@@ -318,7 +318,7 @@ def _value(r: dict[str, str], column: str) -> str:
 
 
 def _triple(r: dict[str, str], test_set: str) -> str:
-    values = [_value(r, f"{test_set}_{s}") for s in ("bleu", "bleu_lc", "chrf")]
+    values = [_value(r, f"{test_set}_{s}") for s in ("bleu", "bleu_lc", "bleu_tok_lc", "chrf")]
     if not any(values):
         return ""
     return " / ".join(v or "–" for v in values)
@@ -579,16 +579,17 @@ def render_index(
         lines += [
             "## Recipe trials: each change against the run it changed",
             "",
-            "Changes tried on a profile's recipe, each kept or dropped on validation. Each run "
+            "Changes tried on a profile's recipe, each judged on validation. Each run "
             "names the run it changed (`compared_to` in `results/runs.csv`; a chain's first run "
             "names none); what changed is its change column, sometimes more than one thing, and "
             "an ensemble is set beside the better of its runs alone, or the smaller ensemble it "
             "extends. Δ val: its validation BLEU "
             "minus that run's (from the unrounded scores), by beam 5 on all 1,014 validation "
             "sentences where both recorded it, else by greedy `val_bleu` (the first 300 "
-            "sentences) of the weights after one epoch, not the weights each run kept: the "
-            "run's last epoch against the same epoch of the run it changed (a run stopped "
-            "early), or against that run's last when it ran fewer (\"epoch n vs m\"). A row "
+            "sentences) of the weights at the end of an epoch, not the weights each run kept: "
+            "at the run's last epoch n against the same epoch of the run it changed (a run "
+            "stopped early), or against that run's last, m, when it ran fewer (\"epoch n vs "
+            "m\"). A row "
             "\"chosen on val\" is the best of a grid of averagings and length penalties that "
             "includes the run's own, scored on the same validation split, so its Δ val cannot "
             "be negative and overstates what it would give on new text. Test scores are only "
@@ -1000,8 +1001,8 @@ RUNS_HEADER = [
     "machine",
     "threads",
     "alongside",
-    "test_2016_flickr BLEU / lc / chrF",
-    "test_2017_flickr BLEU / lc / chrF",
+    "test_2016_flickr BLEU / lc / papers' / chrF",
+    "test_2017_flickr BLEU / lc / papers' / chrF",
     "NW MSE",
     "val BLEU greedy / beam 5",
     "minutes",
@@ -1019,9 +1020,11 @@ def render_runs(runs: Sequence[dict[str, str]], machines: Sequence[dict[str, str
         f"All {_run_count(runs)} recorded runs ({len(runs)} rows, one per model), grouped by "
         "profile and recipe, newest recipe first; `results/README.md` explains the columns. "
         "A commit marked * is the commit that recorded the figures (the run's own code commit was "
-        "not recorded); the others are the code the run ran. Val BLEU greedy is `val_bleu` (the "
-        "first 300 validation sentences) of the weights kept; beam 5 is on all 1,014. Empty: not "
-        "recorded. Machines: [the machines](machines.md).",
+        "not recorded); the others are the code the run ran. Test scores: sacreBLEU (cased, 13a) "
+        "/ sacreBLEU lowercased / the papers' BLEU (Moses-tokenized, lowercased: `bleu_tok_lc`, "
+        "[metrics](../reference/metrics.md#bleu_tok_lc)) / chrF, – where not measured. Val BLEU "
+        "greedy is `val_bleu` (the first 300 validation sentences) of the weights kept; beam 5 is "
+        "on all 1,014. Empty: not recorded. Machines: [the machines](machines.md).",
         "",
     ]
     for profile in _profile_order(runs):

@@ -191,7 +191,11 @@ def test_the_headline_is_the_range_of_the_current_recipe(tmp_path):
 
     runs_md = (root / "docs/results/runs.md").read_text()
     assert runs_md.index("## default, recipe `r2`") < runs_md.index("## default, recipe `r1`")
-    assert "| a3 | 2026-01-03 | abc1234 | Transformer | en→fr | box-b | 2 |  | 52.01 / – / – |" in runs_md
+    # sacreBLEU / lowercased / the papers' BLEU / chrF
+    assert (
+        "| a3 | 2026-01-03 | abc1234 | Transformer | en→fr | box-b | 2 |  | 52.01 / – / 53.14 / – |"
+        in runs_md
+    )
     machines_md = (root / "docs/results/machines.md").read_text()
     assert "| box-a | CPU A | 2 | 8 GiB | yes | no | no | no | 5 | day 1 |" in machines_md
     assert "| box-b | CPU B | 4 |  | yes | yes | yes | yes | 2 | day 2 |" in machines_md
