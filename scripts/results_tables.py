@@ -595,9 +595,9 @@ def render_index(
             "be negative and overstates what it would give on new text. Test scores are only "
             "reported: test_2016_flickr and test_2017_flickr, each as sacreBLEU / the papers' "
             "BLEU (tokenized, lowercased; – where not measured). Two seeds of one recipe, or "
-            "one run on two machines, differ by up to about a point of val BLEU for that alone "
-            "(the seed rows below; the ranges above); each run's machine, precision and "
-            "schedule are in [every run](runs.md).",
+            "one recipe on two machines, differ for that alone: weigh a Δ against the seed rows "
+            "below and the ranges above. Each run's machine, precision and schedule are in "
+            "[every run](runs.md).",
             "",
             *_table(
                 ["model", "direction", "change", "run", "compared with", "epochs", "val BLEU",
