@@ -212,36 +212,29 @@ def problems(
             found += _value_problems(r, where)
         except ValueError as e:
             found.append(f"{where}: {e}")
-    found += _comparison_problems(runs)
+        if r.get("compared_to"):
+            found += _comparison_problems(runs, r, where)
     return found
 
 
-def _comparison_problems(runs: Sequence[dict[str, str]]) -> list[str]:
-    """``compared_to`` names another run with a row of the same model, corpus and direction, and
-    following it never comes back to the row."""
-    found = []
-    for i, r in enumerate(runs, start=2):
-        if not r.get("compared_to"):
-            continue
-        where = f"{RUNS_CSV} line {i} ({r.get('run')}, {r.get('model')})"
-        if r["compared_to"] == r.get("run"):
-            found.append(f"{where}: compared_to names the run itself")
-            continue
-        base = compared_run(runs, r)
-        if base is None:
-            found.append(
-                f"{where}: compared_to {r['compared_to']!r} is not a run with a {r.get('model')} row "
-                "of the same corpus and direction"
-            )
-            continue
-        chain = {r["run"]}
-        while base is not None and base.get("compared_to"):
-            if base["run"] in chain:
-                found.append(f"{where}: compared_to comes back to {base['run']!r} (a cycle)")
-                break
-            chain.add(base["run"])
-            base = compared_run(runs, base)
-    return found
+def _comparison_problems(runs: Sequence[dict[str, str]], r: dict[str, str], where: str) -> list[str]:
+    """Row ``r``'s ``compared_to`` names another run with a row of the same model, corpus and
+    direction, and following it never comes back to the row."""
+    if r["compared_to"] == r.get("run"):
+        return [f"{where}: compared_to names the run itself"]
+    base = compared_run(runs, r)
+    if base is None:
+        return [
+            f"{where}: compared_to {r['compared_to']!r} is not a run with a {r.get('model')} row "
+            "of the same corpus and direction"
+        ]
+    chain = {r["run"]}
+    while base is not None and base.get("compared_to"):
+        if base["run"] in chain:
+            return [f"{where}: compared_to comes back to {base['run']!r} (a cycle)"]
+        chain.add(base["run"])
+        base = compared_run(runs, base)
+    return []
 
 
 def compared_run(runs: Sequence[dict[str, str]], r: dict[str, str]) -> dict[str, str] | None:
