@@ -890,35 +890,35 @@ def validation_gain(r: dict[str, str], base: dict[str, str]) -> tuple[str, float
     return f"greedy, {epochs}: {ours:.2f} vs {theirs:.2f}", ours - theirs
 
 
-def _trial_order(runs: Sequence[dict[str, str]]) -> list[dict[str, str]]:
+def _trial_order(runs: Sequence[dict[str, str]]) -> list[tuple[dict[str, str], dict[str, str] | None]]:
     """The rows that name a ``compared_to`` and the rows they name, each chain from its first
-    run down (depth first, in the file's order)."""
-    children: dict[int, list[dict[str, str]]] = {}
+    run down (depth first, in the file's order), each as (row, the row it is compared with, or
+    None for a chain's first run)."""
+    children: dict[int, list[tuple[dict[str, str], dict[str, str]]]] = {}
     roots: list[dict[str, str]] = []
     for r in runs:
         base = compared_run(runs, r) if r.get("compared_to") else None
         if base is None:
             continue
-        children.setdefault(id(base), []).append(r)
+        children.setdefault(id(base), []).append((r, base))
         if not base.get("compared_to") and all(base is not x for x in roots):
             roots.append(base)
-    out: list[dict[str, str]] = []
+    out: list[tuple[dict[str, str], dict[str, str] | None]] = []
 
-    def visit(r: dict[str, str]) -> None:
-        out.append(r)
-        for child in children.get(id(r), []):
-            visit(child)
+    def visit(r: dict[str, str], base: dict[str, str] | None) -> None:
+        out.append((r, base))
+        for child, its_base in children.get(id(r), []):
+            visit(child, its_base)
 
     position = {id(r): i for i, r in enumerate(runs)}
     for root in sorted(roots, key=lambda r: position[id(r)]):
-        visit(root)
+        visit(root, None)
     return out
 
 
 def _trial_rows(runs: Sequence[dict[str, str]]) -> list[list[str]]:
     out = []
-    for r in _trial_order(runs):
-        base = compared_run(runs, r) if r.get("compared_to") else None
+    for r, base in _trial_order(runs):
         gain = validation_gain(r, base) if base is not None else None
         trial = r["profile"].removeprefix(ABLATION + ": ")
         change = trial if trial != r["profile"] else f"the {trial} profile, recipe `{r['recipe']}`"
