@@ -792,7 +792,10 @@ def ablation_baseline(runs: Sequence[dict[str, str]], r: dict[str, str]) -> dict
     strict subset of ``r``'s, the most of them: ``d_model=512`` for ``d_model=512 scaled=false``;
     no run with a ``seed=`` switch is one or has one), else the newest default-profile run of the
     base recipe and model (for a model of its own, :data:`ABLATED`'s) in that setting, with a
-    test score; or None."""
+    test score; or None. A ``compared_to`` overrides all this: the run it names
+    (:func:`compared_run`)."""
+    if r.get("compared_to"):
+        return compared_run(runs, r)
     recipe, switch = split_ablation(r["recipe"])
     tokens = set(switch.split())
 
@@ -851,7 +854,7 @@ def _ablation_rows(runs: Sequence[dict[str, str]]) -> list[list[str]]:
             out.append(
                 [
                     MODEL_NAMES[row["model"]],
-                    f"(default `{row['recipe']}`)"
+                    f"({row['profile']} `{row['recipe']}`)"
                     if row is base
                     else f"`{split_ablation(row['recipe'])[1]}`",
                     _value(row, "test_2016_flickr_bleu"),
@@ -921,7 +924,10 @@ def _trial_rows(runs: Sequence[dict[str, str]]) -> list[list[str]]:
     for r, base in _trial_order(runs):
         gain = validation_gain(r, base) if base is not None else None
         trial = r["profile"].removeprefix(ABLATION + ": ")
-        change = trial if trial != r["profile"] else f"the {trial} profile, recipe `{r['recipe']}`"
+        if r["profile"] == ABLATION:  # a chapter switch
+            change = f"`{split_ablation(r['recipe'])[1]}`"
+        else:
+            change = trial if trial != r["profile"] else f"the {trial} profile, recipe `{r['recipe']}`"
         if r.get("val_bleu_beam5"):
             val = f"beam 5: {_value(r, 'val_bleu_beam5')}"
         elif r.get("val_bleu_epochs"):

@@ -127,7 +127,7 @@ def _run(run, model="transformer", **values):
 
 
 def _tiny_project(tmp_path: Path, runs: list[dict[str, str]]) -> Path:
-    (tmp_path / "results").mkdir()
+    (tmp_path / "results").mkdir(parents=True)
     (tmp_path / "results" / "machines.csv").write_text(MACHINES_CSV)
     rt.write_csv(tmp_path / "results" / "runs.csv", rt.RUN_COLUMNS, runs)
     (tmp_path / "README.md").write_text(f"# Tiny\n\nBefore.\n\n{rt.START}\nold table\n{rt.END}\n\nAfter.\n")
@@ -257,6 +257,18 @@ def test_an_ablation_that_adds_a_switch_to_another_is_compared_with_it(tmp_path)
     # 30.25 − 50.5, named
     assert f"| Transformer | `{big} model.net.scaled=false` | 30.25 | -20.25 (vs `{big}`) |" in index
     assert index.count("(default `r2`)") == 1
+    # a compared_to overrides the baseline the recipe implies, in both tables
+    d1 = runs[-3]
+    d1["val_bleu_beam5"] = "40.0"
+    runs.append(_run("s2", test_2016_flickr_bleu=49.75, profile="ablation", recipe=f"r2+{big} seed=2",
+                     machine="box-b", threads=1, compared_to="d1", val_bleu_beam5=40.5))  # fmt: skip
+    assert rt.ablation_baseline(runs, runs[-1]) is d1
+    root = _tiny_project(tmp_path / "with_compared_to", runs)
+    rt.write(root)
+    index = (root / "docs/results/index.md").read_text()
+    assert f"| Transformer | `{big} seed=2` | 49.75 | -0.75 (vs `{big}`) |" in index  # 49.75 − 50.5
+    trial = f"| Transformer | en→fr | `{big} seed=2` | `s2` | `d1` |  | beam 5: 40.50 | +0.50 (beam 5) |"
+    assert trial in index
 
 
 TRIAL = "ablation: "
