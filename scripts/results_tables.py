@@ -583,9 +583,11 @@ def render_index(
             "at the run's last epoch n against the same epoch of the run it changed (a run "
             "stopped early), or against that run's last, m, when it ran fewer (\"epoch n vs "
             "m\"). A row "
-            "\"chosen on val\" is the best of a grid of averagings and length penalties that "
-            "includes the run's own, scored on the same validation split, so its Δ val cannot "
-            "be negative and overstates what it would give on new text. Test scores are only "
+            "\"chosen on val\" is the best of several averagings of the last epochs, then of "
+            "several length penalties for the best of them, the run's own setting among them, "
+            "all scored on the same validation split, so its Δ val cannot be negative and "
+            "overstates what it would give on new text; an ensemble's averaging and length "
+            "penalty were chosen the same way, which favours it on validation too. Test scores are only "
             "reported: test_2016_flickr and test_2017_flickr, each as sacreBLEU / the papers' "
             "BLEU (tokenized, lowercased; – where not measured). Two seeds of one recipe, or "
             "one recipe on two machines, differ for that alone: weigh a Δ against the seed rows "
@@ -1379,13 +1381,22 @@ def rows_from_metrics(
     epochs: dict[str, str] | None = None,
     compared_to: dict[str, str] | None = None,
     val_bleu_beam5: dict[str, str] | None = None,
+    minutes_train: dict[str, str] | None = None,
+    models: Sequence[str] = (),
 ) -> list[dict[str, str]]:
-    """One row per ``metrics/<model>.json`` in ``metrics_dir`` (Transformer, Bahdanau, NW);
-    ``compared_to`` and ``val_bleu_beam5`` per model, as ``mlflow_run_ids``."""
+    """One row per ``metrics/<model>.json`` in ``metrics_dir`` (Transformer, Bahdanau, NW), or
+    per model of ``models`` only; ``compared_to``, ``val_bleu_beam5``, ``epochs`` and
+    ``minutes_train`` per model, as ``mlflow_run_ids``.
+
+    Raises:
+        ValueError: a model of ``models`` has no metrics file in ``metrics_dir``."""
+    for model in models:
+        if not (metrics_dir / f"{model}.json").exists():
+            raise ValueError(f"--model {model}: no {model}.json in {metrics_dir} (evaluate it first)")
     rows = []
     for model in MODELS:
         path = metrics_dir / f"{model}.json"
-        if not path.exists():
+        if not path.exists() or (models and model not in models):
             continue
         m = json.loads(path.read_text(encoding="utf-8"))
         row = dict.fromkeys(RUN_COLUMNS, "")
@@ -1397,6 +1408,7 @@ def rows_from_metrics(
             "epochs": (epochs or {}).get(model, ""), "notes": notes,
             "compared_to": (compared_to or {}).get(model, ""),
             "val_bleu_beam5": (val_bleu_beam5 or {}).get(model, ""),
+            "minutes_train": (minutes_train or {}).get(model, ""),
             "source": source or f"metrics/{model}.json of the run of {commit} (results_tables.py add-run)",
         }  # fmt: skip
         row |= {k: v for k, v in (minutes or {}).items() if v}
@@ -1449,7 +1461,7 @@ def _translation_scores(m: dict) -> dict[str, str]:
 def add_run(root: Path, metrics_dir: Path, runs_dir: Path | None = None, **fields) -> list[dict[str, str]]:
     """Append the rows of one run (from ``metrics_dir``) to ``results/runs.csv`` and rewrite the
     tables. ``fields``: the keyword arguments of :func:`rows_from_metrics`; a missing ``recipe``
-    is the profile's current one, missing ``epochs`` those of that recipe's earlier rows, and
+    is the profile's current one, a model missing from ``epochs`` gets that recipe's earlier rows', and
     MLflow run ids not given are read from ``runs_dir/<model>.json`` (training's run records)."""
     run_columns, runs = read_csv(root / RUNS_CSV)
     machine_columns, machines = read_csv(root / MACHINES_CSV)
@@ -1459,12 +1471,14 @@ def add_run(root: Path, metrics_dir: Path, runs_dir: Path | None = None, **field
         if recipe is None:
             raise ValueError(f"no earlier run of profile {profile!r}: give --recipe")
         fields["recipe"] = recipe
-    if fields.get("epochs") is None:
-        fields["epochs"] = {
+    fields["epochs"] = {
+        **{
             r["model"]: r["epochs"]
             for r in runs
             if r["profile"] == profile and r["recipe"] == fields["recipe"] and r["epochs"]
-        }
+        },
+        **(fields.get("epochs") or {}),
+    }
     ids = dict(fields.get("mlflow_run_ids") or {})
     if runs_dir is not None:
         for model in MODELS:
@@ -1523,6 +1537,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     add.add_argument("--val-bleu-beam5", action="append", default=[], metavar="[MODEL=]BLEU",
                      help="beam-5 BLEU on the whole validation split (scripts/choose_on_val.py prints "
                           "it), for the trial's Δ val; repeatable")  # fmt: skip
+    add.add_argument("--model", action="append", default=[], choices=MODELS, dest="models",
+                     help="only this model's metrics file (a run that trained one model: the "
+                          "others' files may be an earlier run's); repeatable (default: all)")  # fmt: skip
+    add.add_argument("--epochs", action="append", default=[], metavar="[MODEL=]N",
+                     help="epochs trained (default: the recipe's earlier rows'); repeatable")  # fmt: skip
+    add.add_argument("--minutes-train", action="append", default=[], metavar="[MODEL=]MIN",
+                     help="the train stage's wall time (minutes_train); repeatable")  # fmt: skip
     args = parser.parse_args(argv)
     root = args.root.resolve()
 
@@ -1555,6 +1576,9 @@ def main(argv: Sequence[str] | None = None) -> int:
                 notes=args.notes,
                 compared_to=_split_ids(args.compared_to),
                 val_bleu_beam5=_split_ids(args.val_bleu_beam5),
+                epochs=_split_ids(args.epochs),
+                minutes_train=_split_ids(args.minutes_train),
+                models=args.models,
             )
         except MarkersMissing as e:
             print(f"rows added; docs/results written; README.md not: {e}", file=sys.stderr)

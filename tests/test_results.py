@@ -512,6 +512,31 @@ def test_add_run_records_the_run_a_trial_changed(tmp_path, capsys):
     )
 
 
+def test_add_run_of_one_model_ignores_the_other_metrics_files(tmp_path, capsys):
+    """A full-profile run trains the Transformer alone: ``--model`` keeps the Bahdanau and NW
+    files of an earlier ``dvc repro`` out, and ``--epochs``/``--minutes-train`` say what ran."""
+    root = _project_copy(tmp_path)
+    before = _rows(root / "results" / "runs.csv")
+    args = ["--root", str(root), "add-run", "--commit", "abcdef1", "--machine", "epyc-avx512bf16",
+            "--runs-dir", str(tmp_path / "none"), "--profile", "ablation: 36 epochs", "--recipe", "ad61121",
+            "--model", "transformer", "--epochs", "36", "--minutes-train", "bahdanau=12.5",
+            "--minutes-train", "96.3"]  # fmt: skip
+    assert rt.main(args) == 0
+    after = _rows(root / "results" / "runs.csv")
+    assert len(after) == len(before) + 1
+    (t,) = after[len(before) :]
+    assert (t["model"], t["epochs"], t["minutes_train"]) == ("transformer", "36", "96.3")
+    # without --epochs: those of the profile and recipe's earlier rows (the full profile's 25)
+    common = args[: args.index("--profile")]
+    assert rt.main([*common, "--profile", "full", "--run", "second", "--model", "transformer"]) == 0
+    assert _rows(root / "results" / "runs.csv")[-1]["epochs"] == "25"
+    # a model named whose metrics file is missing: nothing added, the fix named
+    (root / "metrics" / "bahdanau.json").unlink()
+    assert rt.main([*args, "--run", "third", "--model", "bahdanau"]) == 2
+    assert "--model bahdanau: no bahdanau.json in" in capsys.readouterr().err
+    assert len(_rows(root / "results" / "runs.csv")) == len(before) + 2
+
+
 def test_bleu_by_length_scores_each_bucket_as_sacrebleu_scores_its_sentences():
     import sacrebleu
 
