@@ -109,6 +109,27 @@ def test_averages_scores_and_the_written_choice(trained, tmp_path):
     for name, value in reloaded.items():
         torch.testing.assert_close(value, chosen[f"net.{name}"], rtol=0, atol=0)
 
+    # scored on test as the guide does it: the chosen average over the best.ckpt that
+    # runs/transformer.json names, the chosen α to evaluate (beam 5, conf/model/transformer.yaml)
+    best = root / "checkpoints/transformer/best.ckpt"
+    trained_best = best.read_bytes()
+    try:
+        shutil.copy(written, best)
+        alpha = result["chosen"]["alpha"]
+        done = subprocess.run(
+            [sys.executable, "src/evaluate.py", *TINY, f"paths.root={root}", f"hydra.run.dir={tmp_path}/ev",
+             f"model.decoding.alpha={alpha}"],
+            cwd=ROOT, capture_output=True, text=True, timeout=300, env=env(),
+        )  # fmt: skip
+        assert done.returncode == 0, done.stderr[-3000:]
+        metrics = json.loads((root / "metrics/transformer.json").read_text())
+        hypotheses = _ensemble_hypotheses([written], tokenized, "test", 5, alpha)
+        assert read_lines(root / "metrics/transformer.hyp.txt") == hypotheses
+        want = sacrebleu.corpus_bleu(hypotheses, [read_lines(tokenized / "test.tgt.txt")]).score
+        assert metrics["bleu"] == pytest.approx(want, abs=1e-9)
+    finally:
+        best.write_bytes(trained_best)
+
 
 def test_a_bahdanau_run_is_chosen_on_the_same_scores(trained, tmp_path):
     """Any translation model's epochs: a tiny Bahdanau's, scored as its own checkpoint decodes."""
