@@ -115,6 +115,9 @@ MODEL_NAMES = {
 # "<default recipe>+<switch>", e.g. "09bcf3d+model.net.scaled=false". docs/results/index.md sets
 # each beside the newest default run of that recipe, model, machine and thread count.
 ABLATION = "ablation"
+# Rows of a profile "trial: <what was changed>" are recipe trials, judged on validation against the
+# run they name in compared_to ("ablation" alone names the chapter's switches above).
+TRIAL = "trial: "
 # an ablation that is a model of its own is set beside the model it ablates (the same sizes)
 ABLATED = {"seq2seq": "bahdanau"}
 HEADLINE_PROFILES = {
@@ -182,6 +185,11 @@ def problems(
     for i, r in enumerate(runs, start=2):
         where = f"{RUNS_CSV} line {i} ({r.get('run')}, {r.get('model')})"
         found += [f"{where}: {c} is empty" for c in REQUIRED if not r.get(c)]
+        if r.get("profile", "").startswith(ABLATION + ":"):
+            found.append(
+                f"{where}: profile {r['profile']!r}: a recipe trial's profile is "
+                f"'{TRIAL}<what was changed>' ('{ABLATION}' alone is a chapter switch)"
+            )
         if r.get("profile") == ABLATION:
             try:
                 split_ablation(r.get("recipe", ""))
@@ -925,7 +933,7 @@ def _trial_rows(runs: Sequence[dict[str, str]]) -> list[list[str]]:
     out = []
     for r, base in _trial_order(runs):
         gain = validation_gain(r, base) if base is not None else None
-        trial = r["profile"].removeprefix(ABLATION + ": ")
+        trial = r["profile"].removeprefix(TRIAL)
         if r["profile"] == ABLATION:  # a chapter switch
             change = f"`{split_ablation(r['recipe'])[1]}`"
         else:

@@ -233,6 +233,13 @@ def test_an_ablation_sits_beside_the_default_run_of_its_own_recipe_machine_and_t
     machines = list(csv.DictReader(MACHINES_CSV.splitlines()))
     found = rt.problems([_run("x", profile="ablation", recipe="model.net.scaled=false")], machines)
     assert any("'<default recipe>+<switch>', not 'model.net.scaled=false'" in f for f in found), found
+    # a recipe trial is named "trial: ...": "ablation: ..." would read as a chapter switch
+    old_style = _run("t", profile="ablation: 36 epochs", recipe="ad61121", val_bleu_beam5=58.0)
+    found = rt.problems([old_style], machines)
+    assert found == [
+        f"{rt.RUNS_CSV} line 2 (t, transformer): profile 'ablation: 36 epochs': a recipe trial's "
+        "profile is 'trial: <what was changed>' ('ablation' alone is a chapter switch)"
+    ]
 
 
 def test_an_ablation_that_adds_a_switch_to_another_is_compared_with_it(tmp_path):
@@ -271,7 +278,7 @@ def test_an_ablation_that_adds_a_switch_to_another_is_compared_with_it(tmp_path)
     assert trial in index
 
 
-TRIAL = "ablation: "
+TRIAL = "trial: "
 
 
 def test_a_recipe_trial_is_set_beside_the_run_it_changed_with_its_validation_gain(tmp_path):
@@ -490,7 +497,7 @@ def test_add_run_records_the_run_a_trial_changed(tmp_path, capsys):
     root = _project_copy(tmp_path)
     args = ["--root", str(root), "add-run", "--commit", "abcdef1", "--machine", "epyc-avx512bf16",
             "--metrics-dir", str(root / "metrics"), "--runs-dir", str(tmp_path / "none"),
-            "--profile", "ablation: 36 epochs", "--recipe", "ad61121", "--val-bleu-beam5", "58.0",
+            "--profile", "trial: 36 epochs", "--recipe", "ad61121", "--val-bleu-beam5", "58.0",
             "--compared-to", "ad61121-full-en-de"]  # fmt: skip
     # the committed metrics are en→fr: the en→de run it names is not a run of the same direction
     assert rt.main(args) == 2
@@ -499,7 +506,7 @@ def test_add_run_records_the_run_a_trial_changed(tmp_path, capsys):
     assert rt.main(args) == 0
     t, b, n = _rows(root / "results" / "runs.csv")[-3:]
     assert (t["profile"], t["compared_to"], t["val_bleu_beam5"]) == (
-        "ablation: 36 epochs",
+        "trial: 36 epochs",
         "ad61121-full-en-fr",
         "58.0",
     )
@@ -518,7 +525,7 @@ def test_add_run_of_one_model_ignores_the_other_metrics_files(tmp_path, capsys):
     root = _project_copy(tmp_path)
     before = _rows(root / "results" / "runs.csv")
     args = ["--root", str(root), "add-run", "--commit", "abcdef1", "--machine", "epyc-avx512bf16",
-            "--runs-dir", str(tmp_path / "none"), "--profile", "ablation: 36 epochs", "--recipe", "ad61121",
+            "--runs-dir", str(tmp_path / "none"), "--profile", "trial: 36 epochs", "--recipe", "ad61121",
             "--model", "transformer", "--epochs", "36", "--minutes-train", "bahdanau=12.5",
             "--minutes-train", "96.3"]  # fmt: skip
     assert rt.main(args) == 0
