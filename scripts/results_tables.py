@@ -70,6 +70,11 @@ SERVE_COLUMNS = [
     "p99_ms", "offline_sentences_per_s", "served_vs_offline", "wrong_answers", "status_5xx", "rss_growth",
     "source",
 ]  # fmt: skip
+# The full profile's goals on the papers' metric (bleu_tok_lc), each with the published result it
+# is set against; the results page sets the best recorded run beside each. Optional.
+GOALS_CSV = Path("results/goals.csv")
+GOAL_COLUMNS = ["src_lang", "tgt_lang", "test_set", "goal", "published", "source"]
+GOAL_TEST_SETS = ["test_2016_flickr", "test_2017_flickr"]
 SPEED_CASES = {
     "layer_one_query": "the layer, one query (a decoder step)",
     "layer_all_queries": "the layer, every position a query",
@@ -542,6 +547,7 @@ def render_index(
     speed: Sequence[dict[str, str]] = (),
     scale: Sequence[dict[str, str]] = (),
     serve: Sequence[dict[str, str]] = (),
+    goals: Sequence[dict[str, str]] = (),
 ) -> str:
     lines = [
         GENERATED,
@@ -575,6 +581,21 @@ def render_index(
         signatures = _signatures(rows)
         if signatures:
             lines += ["sacreBLEU signature: " + ", ".join(f"`{s}`" for s in signatures) + ".", ""]
+        if profile == "full" and goals:
+            lines += [
+                "### Against the published results",
+                "",
+                "Published Multi30k results are lowercased BLEU on Moses-tokenized text, the papers' "
+                "BLEU ([`bleu_tok_lc`](../reference/metrics.md#bleu_tok_lc)). The full profile's "
+                "goal on each test set (text only, no extra data; `results/goals.csv`), the "
+                "published result it is set against, and the best recorded run of any recipe of "
+                "that direction, the recipe trials and their ensembles included (their averaging "
+                "and length penalty chosen on validation, never on test). Gap: best minus goal.",
+                "",
+                *_table(["direction", "test set", "goal", "set against", "best here", "run", "gap"],
+                        goal_rows(runs, goals)),
+                "",
+            ]  # fmt: skip
     trials = _trial_rows(runs)
     if trials:
         lines += [
@@ -599,8 +620,9 @@ def render_index(
             "reported: test_2016_flickr and test_2017_flickr, each as sacreBLEU / the papers' "
             "BLEU (tokenized, lowercased; – where not measured). Two seeds of one recipe, or "
             "one recipe on two machines, differ for that alone: weigh a Δ against the seed rows "
-            "below and the ranges above. Each run's machine, precision and schedule are in "
-            "[every run](runs.md).",
+            "below and the ranges above. A run's name starts with the commit that ran or recorded "
+            "it, not always the commit of its recipe. Each run's recipe, machine, precision and "
+            "schedule are in [every run](runs.md).",
             "",
             *_table(
                 ["model", "direction", "change", "run", "compared with", "epochs", "val BLEU",
@@ -612,14 +634,23 @@ def render_index(
         ]  # fmt: skip
     ablations = _ablation_rows(runs)
     if ablations:
+        bases = sorted({split_ablation(r["recipe"])[0] for r in runs if r["profile"] == ABLATION})
+        current = current_recipe(runs, "default")
+        not_today = f"), not always today's default (`{current}`, the tables above): "
         lines += [
             "## Ablations: the chapter's switches",
             "",
-            "The default recipe with one switch changed ([how to run them](../how-to/ablations.md)), "
-            "beside the default run of the same model on the same machine and thread count (Δ: "
-            "the switch's test_2016_flickr BLEU minus the default's; where a run adds a switch to "
-            "another ablation, such as `scaled=false` at `d_model=512`, minus that run's, named "
-            "in the cell). One seed each (0), unless the switch names another.",
+            "A default recipe with one switch changed ([how to run them](../how-to/ablations.md)), "
+            "beside the default run of that recipe and model on the same machine and thread count "
+            "(Δ: the switch's test_2016_flickr BLEU minus the default's; where a run adds a switch "
+            "to another ablation, such as `scaled=false` at `d_model=512`, minus that run's, named "
+            "in the cell). The recipe is the one its baseline row names ("
+            + ", ".join(f"`{b}`" for b in bases)
+            + (not_today if current not in bases else "): ")
+            + "compare a switch with its own baseline row. One seed each (0), unless the switch "
+            "names another. Rows that change only the seed or the size (`seed=…`, `d_model=…`) are "
+            "not the chapter's switches: they show how far another seed or a larger net moves the "
+            "score, to weigh the switches' Δ against.",
             "",
             *_table(
                 ["model", "switch", "test_2016_flickr BLEU", "Δ", "test_2017_flickr BLEU",
@@ -698,8 +729,8 @@ def render_index(
             "### Corpus size: time and memory",
             "",
             "`benchmarks/corpus_scale.py` writes synthetic corpora of each size (a fixed-seed "
-            "generator), runs the tokenize stage on each, then the first training steps of the "
-            "a tiny Transformer (d_model 64, 2 heads, 1+1 layers) on its output "
+            "generator), runs the tokenize stage on each, then the first training steps of a "
+            "tiny Transformer (d_model 64, 2 heads, 1+1 layers) on its output "
             "(`results/corpus_scale.csv`). Peak RSS is the "
             "process's `ru_maxrss` in MiB, with its ratio to the smallest corpus of the same run; "
             "the data loader's batches per second stand beside the model's own step time. "
@@ -778,6 +809,30 @@ def render_index(
         "",
     ]
     return "\n".join(lines)
+
+
+def goal_rows(runs: Sequence[dict[str, str]], goals: Sequence[dict[str, str]]) -> list[list[str]]:
+    """Per goal: the best ``<test_set>_bleu_tok_lc`` of the Multi30k runs of its direction, and its gap."""
+    out = []
+    for g in goals:
+        column = f"{g['test_set']}_bleu_tok_lc"
+        scored = [
+            r for r in runs
+            if r["corpus"] == "multi30k" and (r["src_lang"], r["tgt_lang"]) == (g["src_lang"], g["tgt_lang"])
+            and r.get(column)
+        ]  # fmt: skip
+        best = max(scored, key=lambda r: float(r[column]), default=None)
+        goal = float(g["goal"])
+        out.append([
+            f"{g['src_lang']}→{g['tgt_lang']}",
+            g["test_set"],
+            g["goal"],
+            g["published"],
+            _value(best, column) if best else "–",
+            f"`{best['run']}`" if best else "",
+            f"{float(best[column]) - goal:+.2f}" if best else "",
+        ])  # fmt: skip
+    return out
 
 
 def split_ablation(recipe: str) -> tuple[str, str]:
@@ -1288,6 +1343,28 @@ def _scale(root: Path) -> list[dict[str, str]]:
     return rows
 
 
+def _goals(root: Path) -> list[dict[str, str]]:
+    """The rows of results/goals.csv ([] without it).
+
+    Raises:
+        ValueError: its columns are not :data:`GOAL_COLUMNS`, a test set not in
+            :data:`GOAL_TEST_SETS`, or a goal that is no positive number.
+    """
+    rows = _optional_rows(root, GOALS_CSV, GOAL_COLUMNS)
+    for i, r in enumerate(rows, 2):
+        if r["test_set"] not in GOAL_TEST_SETS:
+            raise ValueError(
+                f"{GOALS_CSV}:{i}: test_set {r['test_set']!r} is none of {', '.join(GOAL_TEST_SETS)}"
+            )
+        try:
+            value = _number(r["goal"])
+        except ValueError:
+            value = None
+        if value is None or value <= 0:
+            raise ValueError(f"{GOALS_CSV}:{i}: goal {r['goal']!r} is no positive number")
+    return rows
+
+
 def _docs(root: Path, runs: Sequence[dict[str, str]], machines: Sequence[dict[str, str]]) -> dict[Path, str]:
     """The pages under docs/results/ → their text, from the CSVs under ``root``."""
     index = render_index(
@@ -1299,6 +1376,7 @@ def _docs(root: Path, runs: Sequence[dict[str, str]], machines: Sequence[dict[st
         _speed(root),
         _scale(root),
         _serve(root),
+        _goals(root),
     )
     return {
         INDEX_MD: index,

@@ -601,6 +601,41 @@ def test_a_malformed_image_runs_csv_stops_the_generator(tmp_path):
         rt._images(tmp_path)
 
 
+def test_each_goal_is_set_beside_the_best_run_of_its_direction_and_test_set(tmp_path):
+    runs = [
+        _run("f1", profile="full", recipe="p1", tgt_lang="de", test_2016_flickr_bleu_tok_lc=41.2286),
+        _run("f2", profile="trial: ensemble", recipe="p1", tgt_lang="de", compared_to="f1",
+             val_bleu_beam5=42.0, test_2016_flickr_bleu_tok_lc=41.5552, test_2017_flickr_bleu_tok_lc=33.7391),
+        _run("f3", profile="full", recipe="p1", tgt_lang="fr", test_2016_flickr_bleu_tok_lc=62.4216),
+        _run("t1", corpus="fra_eng", tgt_lang="de", test_2016_flickr_bleu_tok_lc=99.0),  # another corpus
+    ]  # fmt: skip
+    goal = dict(src_lang="en", tgt_lang="de", test_set="test_2016_flickr", goal="42.6")
+    goal |= {"published": "p", "source": "s"}
+    goals = [
+        goal,
+        goal | {"test_set": "test_2017_flickr", "goal": "36.1"},
+        goal | {"tgt_lang": "fr", "goal": "63.8"},
+        goal | {"src_lang": "fr", "tgt_lang": "en"},
+    ]
+    assert rt.goal_rows(runs, goals) == [
+        ["en→de", "test_2016_flickr", "42.6", "p", "41.56", "`f2`", "-1.04"],  # 41.5552 − 42.6
+        ["en→de", "test_2017_flickr", "36.1", "p", "33.74", "`f2`", "-2.36"],  # 33.7391 − 36.1
+        ["en→fr", "test_2016_flickr", "63.8", "p", "62.42", "`f3`", "-1.38"],  # 62.4216 − 63.8
+        ["fr→en", "test_2016_flickr", "42.6", "p", "–", "", ""],  # no run of that direction
+    ]
+    root = _tiny_project(tmp_path, runs)
+    rt.write_csv(root / rt.GOALS_CSV, rt.GOAL_COLUMNS, goals[:1])
+    rt.write(root)
+    index = (root / "docs/results/index.md").read_text()
+    assert "| en→de | test_2016_flickr | 42.6 | p | 41.56 | `f2` | -1.04 |" in index
+    rt.write_csv(root / rt.GOALS_CSV, rt.GOAL_COLUMNS, [goal | {"goal": "high"}])
+    with pytest.raises(ValueError, match=r"goals.csv:2: goal 'high' is no positive number"):
+        rt._goals(root)
+    rt.write_csv(root / rt.GOALS_CSV, rt.GOAL_COLUMNS, [goal | {"test_set": "test_2018_flickr"}])
+    with pytest.raises(ValueError, match=r"goals.csv:2: test_set 'test_2018_flickr' is none of"):
+        rt._goals(root)
+
+
 def test_the_first_epoch_table_reads_each_runs_history_defaults_first():
     run = dict.fromkeys(rt.RUN_COLUMNS, "")
     runs = [
