@@ -611,7 +611,7 @@ def render_index(
             "sentences) of the weights at the end of an epoch, not the weights each run kept: "
             "at the run's last epoch n against the same epoch of the run it changed (a run "
             "stopped early), or against that run's last, m, when it ran fewer (\"epoch n vs "
-            "m\"). A row "
+            "m\"; the val BLEU cell then shows that greedy figure beside the run's beam 5). A row "
             "\"chosen on val\" is the best of several averagings of the last epochs, then of "
             "several length penalties for the best of them, the run's own setting among them, "
             "all scored on the same validation split, so its Δ val cannot be negative and "
@@ -995,6 +995,9 @@ def _trial_rows(runs: Sequence[dict[str, str]]) -> list[list[str]]:
             change = trial if trial != r["profile"] else f"the {trial} profile, recipe `{r['recipe']}`"
         if r.get("val_bleu_beam5"):
             val = f"beam 5: {_value(r, 'val_bleu_beam5')}"
+            if gain is not None and gain[0] != "beam 5":  # the Δ's greedy figure beside it
+                n = len(r["val_bleu_epochs"].split())
+                val += f"; greedy, epoch {n}: {_greedy_after(r, n):.2f}"
         elif r.get("val_bleu_epochs"):
             epochs = r["val_bleu_epochs"].split()
             val = f"greedy, epoch {len(epochs)}: {epochs[-1]}"

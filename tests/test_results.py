@@ -293,12 +293,15 @@ def test_a_recipe_trial_is_set_beside_the_run_it_changed_with_its_validation_gai
         # stopped after epoch 2: its greedy val_bleu against g1's after epoch 2
         _run("g4", profile=TRIAL + "dropout 0.3", recipe="p1", tgt_lang="de", epochs=2,
              val_bleu_epochs="? 33.50", compared_to="g1"),
+        # beam 5 against a run with greedy figures only: the val cell shows the greedy figure of its Δ too
+        _run("g5", profile=TRIAL + "3 epochs", recipe="p1", tgt_lang="de", epochs=3, val_bleu_beam5=41.0,
+             val_bleu_epochs="31.00 36.00 39.00", compared_to="g4"),
         # trained longer than the run it changed: its last epoch against that run's last
         _run("b1", "bahdanau", profile=TRIAL + "1 epoch", recipe="r2", epochs=1, val_bleu_epochs="11.92"),
         _run("b2", "bahdanau", profile=TRIAL + "2 epochs", recipe="r2", epochs=2,
              val_bleu_epochs="17.63 27.03", compared_to="b1"),
     ]  # fmt: skip
-    g1, g2, g3, g4, b1, b2 = runs[-6:]
+    g1, g2, g3, g4, g5, b1, b2 = runs[-7:]
     assert rt.problems(runs, list(csv.DictReader(MACHINES_CSV.splitlines()))) == []
     assert rt.validation_gain(g2, g1) == ("beam 5", pytest.approx(0.31))
     assert rt.validation_gain(g4, g1) == ("greedy, epoch 2: 33.50 vs 35.00", pytest.approx(-1.5))
@@ -310,7 +313,7 @@ def test_a_recipe_trial_is_set_beside_the_run_it_changed_with_its_validation_gai
     table = index.split("## Recipe trials")[1].split("\n## ")[0]
     rows = [line for line in table.splitlines() if line.startswith(("| Transformer", "| Bahdanau"))]
     # each chain from its first run down: g1, then what changed it (g2, then g3 which changed g2), g4
-    assert [row.split(" | ")[3] for row in rows] == ["`g1`", "`g2`", "`g3`", "`g4`", "`b1`", "`b2`"]
+    assert [row.split(" | ")[3] for row in rows] == ["`g1`", "`g2`", "`g3`", "`g4`", "`g5`", "`b1`", "`b2`"]
     first = "| Transformer | en→de | the full profile, recipe `p1` | `g1` |  | 3 | beam 5: 40.31 |  | 40.16 / – | – / – |  | box-a (?) |"  # noqa: E501 - one table row, as generated
     assert rows[0] == first
     assert "| `g2` | `g1` | 36 | beam 5: 40.62 | +0.31 (beam 5) | 39.08 / 39.56 | – / – |" in rows[1]
@@ -318,12 +321,14 @@ def test_a_recipe_trial_is_set_beside_the_run_it_changed_with_its_validation_gai
     assert "| `g4` | `g1` | 2 | greedy, epoch 2: 33.50 | -1.50 (greedy, epoch 2: 33.50 vs 35.00) |" in rows[3]
     assert (
         "| `b2` | `b1` | 2 | greedy, epoch 2: 27.03 | +15.11 (greedy, epoch 2 vs 1: 27.03 vs 11.92) |"
-        in rows[5]
+        in rows[6]
     )
+    g5_row = "| `g5` | `g4` | 3 | beam 5: 41.00; greedy, epoch 3: 39.00 | +5.50 (greedy, epoch 3 vs 2: 39.00 vs 33.50) |"  # noqa: E501 - one table row, as generated
+    assert g5_row in rows[4]
     assert "| dropout 0.3 | `g4` |" in rows[3]
-    assert "| 36 epochs | `g2` |" in rows[1] and "| 2 epochs | `b2` |" in rows[5]
+    assert "| 36 epochs | `g2` |" in rows[1] and "| 2 epochs | `b2` |" in rows[6]
     # the runs page keeps the column, so the comparison is in the data, not only in the table
-    assert rt.read_csv(root / "results" / "runs.csv")[1][-4]["compared_to"] == "g2"
+    assert rt.read_csv(root / "results" / "runs.csv")[1][-5]["compared_to"] == "g2"
 
 
 def test_compared_to_names_another_run_of_the_same_model_and_direction_without_a_cycle():
