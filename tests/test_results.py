@@ -608,11 +608,17 @@ def test_a_malformed_image_runs_csv_stops_the_generator(tmp_path):
 
 def test_each_goal_is_set_beside_the_best_run_of_its_direction_and_test_set(tmp_path):
     runs = [
-        _run("f1", profile="full", recipe="p1", tgt_lang="de", test_2016_flickr_bleu_tok_lc=41.2286),
+        _run("f1", profile="full", recipe="p1", tgt_lang="de", val_bleu_beam5=41.0,
+             test_2016_flickr_bleu_tok_lc=41.2286),
         _run("f2", profile="trial: ensemble", recipe="p1", tgt_lang="de", compared_to="f1",
              val_bleu_beam5=42.0, test_2016_flickr_bleu_tok_lc=41.5552, test_2017_flickr_bleu_tok_lc=33.7391),
-        _run("f3", profile="full", recipe="p1", tgt_lang="fr", test_2016_flickr_bleu_tok_lc=62.4216),
-        _run("t1", corpus="fra_eng", tgt_lang="de", test_2016_flickr_bleu_tok_lc=99.0),  # another corpus
+        # better on test but not on validation: not the one chosen
+        _run("f4", profile="trial: more", recipe="p1", tgt_lang="de", compared_to="f2",
+             val_bleu_beam5=41.9, test_2016_flickr_bleu_tok_lc=41.9, test_2017_flickr_bleu_tok_lc=34.0),
+        _run("f5", profile="trial: no val", recipe="p1", tgt_lang="de", test_2016_flickr_bleu_tok_lc=45.0),
+        _run("f3", profile="full", recipe="p1", tgt_lang="fr", val_bleu_beam5=60.0,
+             test_2016_flickr_bleu_tok_lc=62.4216),
+        _run("t1", corpus="fra_eng", tgt_lang="de", val_bleu_beam5=99.0, test_2016_flickr_bleu_tok_lc=99.0),
     ]  # fmt: skip
     goal = dict(src_lang="en", tgt_lang="de", test_set="test_2016_flickr", goal="42.6")
     goal |= {"published": "p", "source": "s"}
