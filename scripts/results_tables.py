@@ -31,6 +31,7 @@ import re
 import sys
 from collections.abc import Iterable, Sequence
 from pathlib import Path
+from typing import NamedTuple
 
 ROOT = Path(__file__).resolve().parent.parent
 RUNS_CSV = Path("results/runs.csv")
@@ -597,8 +598,8 @@ def render_index(
                         goal_rows(runs, goals)),
                 "",
             ]  # fmt: skip
-    trials = _trial_rows(runs)
-    if trials:
+    trials = {p: _trial_rows(runs, p) for p in [*HEADLINE_PROFILES, None]}
+    if any(trials.values()):
         lines += [
             "## Recipe trials: each change against the run it changed",
             "",
@@ -623,16 +624,26 @@ def render_index(
             "one recipe on two machines, differ for that alone: weigh a Δ against the seed rows "
             "below and the ranges above. A run's name starts with the commit that ran or recorded "
             "it, not always the commit of its recipe. Each run's recipe, machine, precision and "
-            "schedule are in [every run](runs.md).",
-            "",
-            *_table(
-                ["model", "direction", "change", "run", "compared with", "epochs", "val BLEU",
-                 "Δ val", "test_2016_flickr BLEU / papers'", "test_2017_flickr BLEU / papers'",
-                 "training (min)", "machine (threads)"],
-                trials,
-            ),
+            "schedule are in [every run](runs.md). One table per profile a chain of trials "
+            "tunes (its first run's, or the profile of that run's recipe): the default "
+            "profile's recipe is chosen for a short `dvc repro`, the full profile's for the "
+            "published results.",
             "",
         ]  # fmt: skip
+        for profile, rows in trials.items():
+            if not rows:
+                continue
+            lines += [
+                f"### Trials of the {profile} profile" if profile else "### Trials of no profile",
+                "",
+                *_table(
+                    ["model", "direction", "change", "run", "compared with", "epochs", "val BLEU",
+                     "Δ val", "test_2016_flickr BLEU / papers'", "test_2017_flickr BLEU / papers'",
+                     "training (min)", "machine (threads)"],
+                    rows,
+                ),
+                "",
+            ]  # fmt: skip
     ablations = _ablation_rows(runs)
     if ablations:
         bases = sorted({split_ablation(r["recipe"])[0] for r in runs if r["profile"] == ABLATION})
@@ -824,17 +835,17 @@ def goal_rows(runs: Sequence[dict[str, str]], goals: Sequence[dict[str, str]]) -
             if r["corpus"] == "multi30k" and (r["src_lang"], r["tgt_lang"]) == (g["src_lang"], g["tgt_lang"])
             and r.get(column) and r.get("val_bleu_beam5")
         ]  # fmt: skip
+        row = [f"{g['src_lang']}→{g['tgt_lang']}", g["test_set"], g["goal"], g["published"]]
         best = max(scored, key=lambda r: float(r["val_bleu_beam5"]), default=None)
-        goal = float(g["goal"])
-        out.append([
-            f"{g['src_lang']}→{g['tgt_lang']}",
-            g["test_set"],
-            g["goal"],
-            g["published"],
-            _value(best, column) if best else "–",
-            f"`{best['run']}`" if best else "",
-            f"{float(best[column]) - goal:+.2f}" if best else "",
-        ])  # fmt: skip
+        if best is None:
+            row += ["–", "", ""]
+        else:
+            row += [
+                _value(best, column),
+                f"`{best['run']}`",
+                f"{float(best[column]) - float(g['goal']):+.2f}",
+            ]
+        out.append(row)
     return out
 
 
@@ -943,22 +954,30 @@ def _greedy_after(r: dict[str, str], epoch: int) -> float | None:
     return float(values[epoch - 1])
 
 
-def validation_gain(r: dict[str, str], base: dict[str, str]) -> tuple[str, float] | None:
+class Gain(NamedTuple):
+    """A trial's validation gain over the run it changed (:func:`validation_gain`)."""
+
+    measure: str  # "beam 5", or "greedy, epoch n: a vs b"
+    delta: float  # its val BLEU minus the other run's, from the unrounded scores
+    greedy: float | None = None  # its own greedy figure, when the measure is greedy
+
+
+def validation_gain(r: dict[str, str], base: dict[str, str]) -> Gain | None:
     """How run ``r`` compares with ``base`` on validation: ("beam 5", Δ) from ``val_bleu_beam5``
-    when both have it, else ("greedy, epoch n: a vs b", Δ) from ``val_bleu_epochs`` after ``r``'s
-    last epoch n against ``base``'s epoch n (a run stopped early against the same epoch of the
-    run it changed), or against ``base``'s last epoch m when it ran fewer ("greedy, epoch n vs
-    m: a vs b"); None when neither is recorded for both. Δ from the unrounded scores."""
+    when both have it, else ("greedy, epoch n: a vs b", Δ, a) from ``val_bleu_epochs`` after
+    ``r``'s last epoch n against ``base``'s epoch n (a run stopped early against the same epoch
+    of the run it changed), or against ``base``'s last epoch m when it ran fewer ("greedy, epoch
+    n vs m: a vs b"); None when neither is recorded for both. Δ from the unrounded scores."""
     ours, theirs = _number(r.get("val_bleu_beam5", "")), _number(base.get("val_bleu_beam5", ""))
     if ours is not None and theirs is not None:
-        return "beam 5", ours - theirs
+        return Gain("beam 5", ours - theirs)
     n = len(r.get("val_bleu_epochs", "").split())
     m = min(n, len(base.get("val_bleu_epochs", "").split()))
     ours, theirs = _greedy_after(r, n), _greedy_after(base, m)
     if ours is None or theirs is None:
         return None
     epochs = f"epoch {n}" if m == n else f"epoch {n} vs {m}"
-    return f"greedy, {epochs}: {ours:.2f} vs {theirs:.2f}", ours - theirs
+    return Gain(f"greedy, {epochs}: {ours:.2f} vs {theirs:.2f}", ours - theirs, ours)
 
 
 def _trial_order(runs: Sequence[dict[str, str]]) -> list[tuple[dict[str, str], dict[str, str] | None]]:
@@ -987,9 +1006,24 @@ def _trial_order(runs: Sequence[dict[str, str]]) -> list[tuple[dict[str, str], d
     return out
 
 
-def _trial_rows(runs: Sequence[dict[str, str]]) -> list[list[str]]:
+def trial_profile(runs: Sequence[dict[str, str]], root: dict[str, str]) -> str | None:
+    """The profile a chain of trials tunes: its first run's, when that is one of
+    :data:`HEADLINE_PROFILES`, else the first of them with a run of that run's recipe; else None."""
+    if root["profile"] in HEADLINE_PROFILES:
+        return root["profile"]
+    recipes = {p: {r["recipe"] for r in runs if r["profile"] == p} for p in HEADLINE_PROFILES}
+    return next((p for p, its in recipes.items() if root["recipe"] in its), None)
+
+
+def _trial_rows(runs: Sequence[dict[str, str]], profile: str | None) -> list[list[str]]:
+    """The trials table's rows of the chains that tune ``profile`` (:func:`trial_profile`)."""
     out = []
+    chain: str | None = None
     for r, base in _trial_order(runs):
+        if base is None:
+            chain = trial_profile(runs, r)
+        if chain != profile:
+            continue
         gain = validation_gain(r, base) if base is not None else None
         trial = r["profile"].removeprefix(TRIAL)
         if r["profile"] == ABLATION:  # a chapter switch
@@ -998,9 +1032,8 @@ def _trial_rows(runs: Sequence[dict[str, str]]) -> list[list[str]]:
             change = trial if trial != r["profile"] else f"the {trial} profile, recipe `{r['recipe']}`"
         if r.get("val_bleu_beam5"):
             val = f"beam 5: {_value(r, 'val_bleu_beam5')}"
-            if gain is not None and gain[0] != "beam 5":  # the Δ's greedy figure beside it
-                n = len(r["val_bleu_epochs"].split())
-                val += f"; greedy, epoch {n}: {_greedy_after(r, n):.2f}"
+            if gain is not None and gain.greedy is not None:  # the Δ's greedy figure beside it
+                val += f"; greedy, epoch {len(r['val_bleu_epochs'].split())}: {gain.greedy:.2f}"
         elif r.get("val_bleu_epochs"):
             epochs = r["val_bleu_epochs"].split()
             val = f"greedy, epoch {len(epochs)}: {epochs[-1]}"
@@ -1015,7 +1048,7 @@ def _trial_rows(runs: Sequence[dict[str, str]]) -> list[list[str]]:
                 f"`{r['compared_to']}`" if base is not None else "",
                 r.get("epochs", ""),
                 val,
-                "" if gain is None else f"{gain[1]:+.2f} ({gain[0]})",
+                "" if gain is None else f"{gain.delta:+.2f} ({gain.measure})",
                 *(
                     " / ".join(_value(r, f"{test_set}_{c}") or "–" for c in ("bleu", "bleu_tok_lc"))
                     for test_set in TEST_SETS
@@ -1194,8 +1227,9 @@ def render_machines(runs: Sequence[dict[str, str]], machines: Sequence[dict[str,
     return "\n".join(lines)
 
 
-def render_readme_section(runs: Sequence[dict[str, str]]) -> str:
-    """The lines between the README's markers (the markers excluded)."""
+def render_readme_section(runs: Sequence[dict[str, str]], goals: Sequence[dict[str, str]] = ()) -> str:
+    """The lines between the README's markers (the markers excluded): the headline ranges, and
+    each goal of ``goals`` with the best run's score and gap (:func:`goal_rows`)."""
     lines = [GENERATED, ""]
     # which machines and thread counts: the docs' results pages (the README names no machine)
     header = ["profile", "model", "direction", "test_2016_flickr BLEU (NW: test MSE)",
@@ -1219,6 +1253,18 @@ def render_readme_section(runs: Sequence[dict[str, str]]) -> str:
         "([metrics](docs/reference/metrics.md#bleu_tok_lc)). Every run, machine and source: "
         "[docs/results](docs/results/index.md) (generated from `results/*.csv`).",
     ]
+    scored = [row for row in goal_rows(runs, goals) if row[5]]
+    if scored:
+        lines += [
+            "",
+            "The full profile's goals on the papers' BLEU (`results/goals.csv`), each beside the best "
+            "recorded run of its direction on validation, recipe trials and ensembles included "
+            "([against the published results](docs/results/index.md#against-the-published-results)): "
+            + "; ".join(
+                f"{d} {t} {best} against {goal} (gap {gap})" for d, t, goal, _, best, _, gap in scored
+            )
+            + ".",
+        ]
     return "\n".join(lines)
 
 
@@ -1401,7 +1447,7 @@ def expected(root: Path) -> dict[Path, str]:
         raise ValueError("\n".join(found))
     docs = _docs(root, runs, machines)
     readme = (root / README).read_text(encoding="utf-8")
-    return {**docs, README: readme_with_section(readme, render_readme_section(runs))}
+    return {**docs, README: readme_with_section(readme, render_readme_section(runs, _goals(root)))}
 
 
 def stale(root: Path) -> list[str]:

@@ -303,15 +303,25 @@ def test_a_recipe_trial_is_set_beside_the_run_it_changed_with_its_validation_gai
     ]  # fmt: skip
     g1, g2, g3, g4, g5, b1, b2 = runs[-7:]
     assert rt.problems(runs, list(csv.DictReader(MACHINES_CSV.splitlines()))) == []
-    assert rt.validation_gain(g2, g1) == ("beam 5", pytest.approx(0.31))
-    assert rt.validation_gain(g4, g1) == ("greedy, epoch 2: 33.50 vs 35.00", pytest.approx(-1.5))
-    assert rt.validation_gain(b2, b1) == ("greedy, epoch 2 vs 1: 27.03 vs 11.92", pytest.approx(15.11))
+    assert rt.validation_gain(g2, g1) == ("beam 5", pytest.approx(0.31), None)
+    assert rt.validation_gain(g4, g1) == ("greedy, epoch 2: 33.50 vs 35.00", pytest.approx(-1.5), 33.5)
+    assert rt.validation_gain(b2, b1) == ("greedy, epoch 2 vs 1: 27.03 vs 11.92", pytest.approx(15.11), 27.03)
     assert rt.validation_gain(g3, g4) is None  # beam 5 against greedy only: nothing recorded alike
     root = _tiny_project(tmp_path, runs)
     rt.write(root)
     index = (root / "docs/results/index.md").read_text()
     table = index.split("## Recipe trials")[1].split("\n## ")[0]
-    rows = [line for line in table.splitlines() if line.startswith(("| Transformer", "| Bahdanau"))]
+    # one table per profile a chain tunes: b1's recipe r2 is the default profile's, g1 is a full-profile run
+    assert [line for line in table.splitlines() if line.startswith("### ")] == [
+        "### Trials of the default profile",
+        "### Trials of the full profile",
+    ]
+    assert rt.trial_profile(runs, b1) == "default" and rt.trial_profile(runs, g1) == "full"
+    assert rt.trial_profile(runs, _run("x", profile=TRIAL + "x", recipe="nowhere")) is None
+    default_table, full_table = table.split("### Trials of the full profile")
+    assert "`b1`" in default_table and "`g1`" not in default_table and "`b1`" not in full_table
+    lines = [line for line in table.splitlines() if line.startswith(("| Transformer", "| Bahdanau"))]
+    rows = lines[2:] + lines[:2]  # the full profile's chain first below, as before the split
     # each chain from its first run down: g1, then what changed it (g2, then g3 which changed g2), g4
     assert [row.split(" | ")[3] for row in rows] == ["`g1`", "`g2`", "`g3`", "`g4`", "`g5`", "`b1`", "`b2`"]
     first = "| Transformer | en→de | the full profile, recipe `p1` | `g1` |  | 3 | beam 5: 40.31 |  | 40.16 / – | – / – |  | box-a (?) |"  # noqa: E501 - one table row, as generated
@@ -639,6 +649,17 @@ def test_each_goal_is_set_beside_the_best_run_of_its_direction_and_test_set(tmp_
     rt.write(root)
     index = (root / "docs/results/index.md").read_text()
     assert "| en→de | test_2016_flickr | 42.6 | p | 41.56 | `f2` | -1.04 |" in index
+    readme = (root / "README.md").read_text()
+    assert (
+        "included ([against the published results](docs/results/index.md#against-the-published-results)): "
+        in readme
+    )
+    assert "): en→de test_2016_flickr 41.56 against 42.6 (gap -1.04).\n" in readme
+    # a goal no run is scored for is in the docs' table only
+    rt.write_csv(root / rt.GOALS_CSV, rt.GOAL_COLUMNS, [goals[3]])
+    rt.write(root)
+    assert "against the published results" not in (root / "README.md").read_text()
+    assert "| fr→en | test_2016_flickr | 42.6 | p | – |  |  |" in (root / "docs/results/index.md").read_text()
     rt.write_csv(root / rt.GOALS_CSV, rt.GOAL_COLUMNS, [goal | {"goal": "high"}])
     with pytest.raises(ValueError, match=r"goals.csv:2: goal 'high' is no positive number"):
         rt._goals(root)
