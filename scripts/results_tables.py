@@ -140,11 +140,27 @@ DATE = re.compile(r"\d{4}-\d{2}-\d{2}")
 
 
 def read_csv(path: Path) -> tuple[list[str], list[dict[str, str]]]:
-    """The header and the rows of a CSV file (every value a string, ``""`` when empty)."""
+    """The header and the rows of a CSV file (every value a string, ``""`` when empty; blank
+    lines skipped).
+
+    Raises:
+        ValueError: a row with more or fewer values than the header has columns, naming the
+            file and line (a value holding a comma must be quoted).
+    """
     with path.open(newline="", encoding="utf-8") as f:
-        reader = csv.DictReader(f)
-        rows = [{k: (v or "").strip() for k, v in row.items()} for row in reader]
-        return list(reader.fieldnames or []), rows
+        reader = csv.reader(f)
+        header = next(reader, [])
+        rows = []
+        for values in reader:
+            if not values:
+                continue
+            if len(values) != len(header):
+                raise ValueError(
+                    f"{path}:{reader.line_num}: {len(values)} values for {len(header)} columns "
+                    f"({', '.join(header)}); put a value that holds a comma in double quotes"
+                )
+            rows.append({k: v.strip() for k, v in zip(header, values)})
+        return header, rows
 
 
 def write_csv(path: Path, columns: Sequence[str], rows: Iterable[dict[str, str]]) -> None:
@@ -588,13 +604,18 @@ def render_index(
                 "",
                 "Published Multi30k results are lowercased BLEU on Moses-tokenized text, the papers' "
                 "BLEU ([`bleu_tok_lc`](../reference/metrics.md#bleu_tok_lc)). The full profile's "
-                "goal on each test set (text only, no extra data; `results/goals.csv`), the "
-                "published result it is set against, and the best recorded run of that direction, "
-                "of any recipe, the recipe trials and their ensembles included: best by beam-5 BLEU "
-                "on the validation split (the `val BLEU` of the trials table), never by test, then "
-                "scored on the test set. Gap: its test score minus the goal.",
+                "goal on each test set (`results/goals.csv`, whose source column names the "
+                "papers), for this project's runs, which use the text alone and no extra data; "
+                "the published result it is set against (the "
+                "best systems without extra data, multimodal ones among them, and the text-only "
+                "baseline); and the best recorded run of that direction, of any recipe, the "
+                "recipe trials and their ensembles included: best by beam-5 BLEU on the validation "
+                "split (the `val BLEU` of the trials table), never by test, then scored on the "
+                "test set. Two runs a few hundredths apart on validation are a tie that this "
+                "choice breaks by chance. Gap: its test score minus the goal.",
                 "",
-                *_table(["direction", "test set", "goal", "set against", "best here (on val)", "run", "gap"],
+                *_table(["direction", "test set", "goal", "set against", "run chosen on val",
+                         "its val BLEU (beam 5)", "its test score", "gap"],
                         goal_rows(runs, goals)),
                 "",
             ]  # fmt: skip
@@ -825,8 +846,10 @@ def render_index(
 
 def goal_rows(runs: Sequence[dict[str, str]], goals: Sequence[dict[str, str]]) -> list[list[str]]:
     """Per goal: of the Multi30k runs of its direction scored on its test set (papers' BLEU) and
-    on the whole validation split (``val_bleu_beam5``), the best on validation, its test score
-    and the gap to the goal. Chosen on validation, never on test."""
+    on the whole validation split (``val_bleu_beam5``), the best on validation: the goal's
+    direction, test set, goal and published result, then that run, its val BLEU, its test score
+    and the gap to the goal ("–" and "" where no run is scored). Chosen on validation, never on
+    test."""
     out = []
     for g in goals:
         column = f"{g['test_set']}_bleu_tok_lc"
@@ -838,15 +861,38 @@ def goal_rows(runs: Sequence[dict[str, str]], goals: Sequence[dict[str, str]]) -
         row = [f"{g['src_lang']}→{g['tgt_lang']}", g["test_set"], g["goal"], g["published"]]
         best = max(scored, key=lambda r: float(r["val_bleu_beam5"]), default=None)
         if best is None:
-            row += ["–", "", ""]
+            row += ["", "", "–", ""]
         else:
-            row += [
-                _value(best, column),
-                f"`{best['run']}`",
-                f"{float(best[column]) - float(g['goal']):+.2f}",
-            ]
+            gap = float(best[column]) - float(g["goal"])
+            row += [f"`{best['run']}`", _value(best, "val_bleu_beam5"), _value(best, column), f"{gap:+.2f}"]
         out.append(row)
     return out
+
+
+def goals_sentence(runs: Sequence[dict[str, str]], goals: Sequence[dict[str, str]]) -> str:
+    """The README's line on the goals: per run chosen (:func:`goal_rows`), what it is (its
+    profile, less "trial: ") and its test scores against the goals; "" when no run is scored."""
+    by_run: dict[str, list[list[str]]] = {}
+    for row in goal_rows(runs, goals):
+        if row[4]:
+            by_run.setdefault(row[4], []).append(row)
+    if not by_run:
+        return ""
+    parts = []
+    for name, rows in by_run.items():
+        r = next(r for r in runs if f"`{r['run']}`" == name)
+        scores = ", ".join(
+            f"{test} on {t} against {goal} (gap {gap})" for _, t, goal, _, _, _, test, gap in rows
+        )
+        parts.append(f"{rows[0][0]}, {name} ({r['profile'].removeprefix(TRIAL)}): {scores}")
+    return (
+        "The full profile's goals on the papers' BLEU, for text-only runs without extra data, set by "
+        "the best published results, multimodal systems among them (`results/goals.csv`), against "
+        "the best recorded run of each direction on validation, recipe trials and ensembles included "
+        "([against the published results](docs/results/index.md#against-the-published-results)): "
+        + "; ".join(parts)
+        + "."
+    )
 
 
 def split_ablation(recipe: str) -> tuple[str, str]:
@@ -1248,23 +1294,16 @@ def render_readme_section(runs: Sequence[dict[str, str]], goals: Sequence[dict[s
         "",
         "Ranges (lowest–highest, number of runs) over every recorded run of the current recipes ("
         + ", ".join(recipes)
-        + "), across the machines and thread counts they ran on: the last digits depend on the CPU. "
+        + "), across the machines and thread counts they ran on: the last digits depend on the CPU "
+        "and the thread count. default: what `dvc repro` runs (`params.yaml`); full: "
+        "`+experiment=full` ([guide](docs/how-to/full-profile.md)). "
         "sacreBLEU, cased, 13a, beam 5; the papers' BLEU is lowercased BLEU on Moses-tokenized text "
         "([metrics](docs/reference/metrics.md#bleu_tok_lc)). Every run, machine and source: "
         "[docs/results](docs/results/index.md) (generated from `results/*.csv`).",
     ]
-    scored = [row for row in goal_rows(runs, goals) if row[5]]
-    if scored:
-        lines += [
-            "",
-            "The full profile's goals on the papers' BLEU (`results/goals.csv`), each beside the best "
-            "recorded run of its direction on validation, recipe trials and ensembles included "
-            "([against the published results](docs/results/index.md#against-the-published-results)): "
-            + "; ".join(
-                f"{d} {t} {best} against {goal} (gap {gap})" for d, t, goal, _, best, _, gap in scored
-            )
-            + ".",
-        ]
+    sentence = goals_sentence(runs, goals)
+    if sentence:
+        lines += ["", sentence]
     return "\n".join(lines)
 
 

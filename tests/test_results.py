@@ -639,27 +639,41 @@ def test_each_goal_is_set_beside_the_best_run_of_its_direction_and_test_set(tmp_
         goal | {"src_lang": "fr", "tgt_lang": "en"},
     ]
     assert rt.goal_rows(runs, goals) == [
-        ["en→de", "test_2016_flickr", "42.6", "p", "41.56", "`f2`", "-1.04"],  # 41.5552 − 42.6
-        ["en→de", "test_2017_flickr", "36.1", "p", "33.74", "`f2`", "-2.36"],  # 33.7391 − 36.1
-        ["en→fr", "test_2016_flickr", "63.8", "p", "62.42", "`f3`", "-1.38"],  # 62.4216 − 63.8
-        ["fr→en", "test_2016_flickr", "42.6", "p", "–", "", ""],  # no run of that direction
+        ["en→de", "test_2016_flickr", "42.6", "p", "`f2`", "42.00", "41.56", "-1.04"],  # 41.5552 − 42.6
+        ["en→de", "test_2017_flickr", "36.1", "p", "`f2`", "42.00", "33.74", "-2.36"],  # 33.7391 − 36.1
+        ["en→fr", "test_2016_flickr", "63.8", "p", "`f3`", "60.00", "62.42", "-1.38"],  # 62.4216 − 63.8
+        ["fr→en", "test_2016_flickr", "42.6", "p", "", "", "–", ""],  # no run of that direction
     ]
+    # the README's line: each run chosen once, what it is, its scores against the goals
+    assert rt.goals_sentence(runs, goals).endswith(
+        "): en→de, `f2` (ensemble): 41.56 on test_2016_flickr against 42.6 (gap -1.04), "
+        "33.74 on test_2017_flickr against 36.1 (gap -2.36); "
+        "en→fr, `f3` (full): 62.42 on test_2016_flickr against 63.8 (gap -1.38)."
+    )
+    assert rt.goals_sentence(runs, goals[3:]) == ""
     root = _tiny_project(tmp_path, runs)
     rt.write_csv(root / rt.GOALS_CSV, rt.GOAL_COLUMNS, goals[:1])
     rt.write(root)
     index = (root / "docs/results/index.md").read_text()
-    assert "| en→de | test_2016_flickr | 42.6 | p | 41.56 | `f2` | -1.04 |" in index
+    assert "| en→de | test_2016_flickr | 42.6 | p | `f2` | 42.00 | 41.56 | -1.04 |" in index
     readme = (root / "README.md").read_text()
-    assert (
-        "included ([against the published results](docs/results/index.md#against-the-published-results)): "
-        in readme
-    )
-    assert "): en→de test_2016_flickr 41.56 against 42.6 (gap -1.04).\n" in readme
+    assert "(docs/results/index.md#against-the-published-results)): " in readme
+    assert "): en→de, `f2` (ensemble): 41.56 on test_2016_flickr against 42.6 (gap -1.04).\n" in readme
     # a goal no run is scored for is in the docs' table only
     rt.write_csv(root / rt.GOALS_CSV, rt.GOAL_COLUMNS, [goals[3]])
     rt.write(root)
     assert "against the published results" not in (root / "README.md").read_text()
-    assert "| fr→en | test_2016_flickr | 42.6 | p | – |  |  |" in (root / "docs/results/index.md").read_text()
+    assert (
+        "| fr→en | test_2016_flickr | 42.6 | p |  |  | – |  |" in (root / "docs/results/index.md").read_text()
+    )
+    # a value with an unquoted comma: the file and line named, and the fix
+    (root / rt.GOALS_CSV).write_text(
+        "src_lang,tgt_lang,test_set,goal,published,source\n\nen,de,test_2016_flickr,42.6,a, b,s\n"
+    )
+    with pytest.raises(
+        ValueError, match=r"goals.csv:3: 7 values for 6 columns \(src_lang, .*\); put a value"
+    ):
+        rt._goals(root)
     rt.write_csv(root / rt.GOALS_CSV, rt.GOAL_COLUMNS, [goal | {"goal": "high"}])
     with pytest.raises(ValueError, match=r"goals.csv:2: goal 'high' is no positive number"):
         rt._goals(root)
