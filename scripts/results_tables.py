@@ -615,7 +615,7 @@ def render_index(
                 "choice breaks by chance. Gap: its test score minus the goal.",
                 "",
                 *_table(["direction", "test set", "goal", "set against", "run chosen on val",
-                         "its val BLEU (beam 5)", "its test score", "gap"],
+                         "its val BLEU (sacreBLEU, beam 5)", "its test score (papers' BLEU)", "gap"],
                         goal_rows(runs, goals)),
                 "",
             ]  # fmt: skip
