@@ -844,43 +844,49 @@ def render_index(
     return "\n".join(lines)
 
 
+def goal_best(runs: Sequence[dict[str, str]], g: dict[str, str]) -> dict[str, str] | None:
+    """Of the Multi30k runs of goal ``g``'s direction scored on its test set (papers' BLEU) and on
+    the whole validation split (``val_bleu_beam5``), the best on validation; None if there is
+    none. Chosen on validation, never on test."""
+    column = f"{g['test_set']}_bleu_tok_lc"
+    scored = [
+        r for r in runs
+        if r["corpus"] == "multi30k" and (r["src_lang"], r["tgt_lang"]) == (g["src_lang"], g["tgt_lang"])
+        and r.get(column) and r.get("val_bleu_beam5")
+    ]  # fmt: skip
+    return max(scored, key=lambda r: float(r["val_bleu_beam5"]), default=None)
+
+
 def goal_rows(runs: Sequence[dict[str, str]], goals: Sequence[dict[str, str]]) -> list[list[str]]:
-    """Per goal: of the Multi30k runs of its direction scored on its test set (papers' BLEU) and
-    on the whole validation split (``val_bleu_beam5``), the best on validation: the goal's
-    direction, test set, goal and published result, then that run, its val BLEU, its test score
-    and the gap to the goal ("–" and "" where no run is scored). Chosen on validation, never on
-    test."""
-    out = []
-    for g in goals:
-        column = f"{g['test_set']}_bleu_tok_lc"
-        scored = [
-            r for r in runs
-            if r["corpus"] == "multi30k" and (r["src_lang"], r["tgt_lang"]) == (g["src_lang"], g["tgt_lang"])
-            and r.get(column) and r.get("val_bleu_beam5")
-        ]  # fmt: skip
-        row = [f"{g['src_lang']}→{g['tgt_lang']}", g["test_set"], g["goal"], g["published"]]
-        best = max(scored, key=lambda r: float(r["val_bleu_beam5"]), default=None)
-        if best is None:
-            row += ["", "", "–", ""]
-        else:
-            gap = float(best[column]) - float(g["goal"])
-            row += [f"`{best['run']}`", _value(best, "val_bleu_beam5"), _value(best, column), f"{gap:+.2f}"]
-        out.append(row)
-    return out
+    """Per goal: its direction, test set, goal and published result, then the run
+    :func:`goal_best` chooses, its val BLEU, its test score and the gap to the goal ("–" and ""
+    where no run is scored)."""
+    return [_goal_row(g, goal_best(runs, g)) for g in goals]
+
+
+def _goal_row(g: dict[str, str], best: dict[str, str] | None) -> list[str]:
+    row = [f"{g['src_lang']}→{g['tgt_lang']}", g["test_set"], g["goal"], g["published"]]
+    if best is None:
+        return [*row, "", "", "–", ""]
+    column = f"{g['test_set']}_bleu_tok_lc"
+    gap = float(best[column]) - float(g["goal"])
+    return [*row, f"`{best['run']}`", _value(best, "val_bleu_beam5"), _value(best, column), f"{gap:+.2f}"]
 
 
 def goals_sentence(runs: Sequence[dict[str, str]], goals: Sequence[dict[str, str]]) -> str:
-    """The README's line on the goals: per run chosen (:func:`goal_rows`), what it is (its
-    profile, less "trial: ") and its test scores against the goals; "" when no run is scored."""
-    by_run: dict[str, list[list[str]]] = {}
-    for row in goal_rows(runs, goals):
-        if row[4]:
-            by_run.setdefault(row[4], []).append(row)
+    """The README's line on the goals: per run chosen (:func:`goal_best`), what it is (its
+    profile, less "trial: ") and its test scores against the goals (:func:`goal_rows`); "" when
+    no run is scored."""
+    by_run: dict[str, tuple[dict[str, str], list[list[str]]]] = {}
+    for g in goals:
+        best = goal_best(runs, g)
+        if best is not None:
+            by_run.setdefault(best["run"], (best, []))[1].append(_goal_row(g, best))
     if not by_run:
         return ""
     parts = []
-    for name, rows in by_run.items():
-        r = next(r for r in runs if f"`{r['run']}`" == name)
+    for r, rows in by_run.values():
+        name = f"`{r['run']}`"
         scores = ", ".join(
             f"{test} on {t} against {goal} (gap {gap})" for _, t, goal, _, _, _, test, gap in rows
         )
@@ -1454,7 +1460,12 @@ def _goals(root: Path) -> list[dict[str, str]]:
     return rows
 
 
-def _docs(root: Path, runs: Sequence[dict[str, str]], machines: Sequence[dict[str, str]]) -> dict[Path, str]:
+def _docs(
+    root: Path,
+    runs: Sequence[dict[str, str]],
+    machines: Sequence[dict[str, str]],
+    goals: Sequence[dict[str, str]],
+) -> dict[Path, str]:
     """The pages under docs/results/ → their text, from the CSVs under ``root``."""
     index = render_index(
         runs,
@@ -1465,7 +1476,7 @@ def _docs(root: Path, runs: Sequence[dict[str, str]], machines: Sequence[dict[st
         _speed(root),
         _scale(root),
         _serve(root),
-        _goals(root),
+        goals,
     )
     return {
         INDEX_MD: index,
@@ -1484,9 +1495,10 @@ def expected(root: Path) -> dict[Path, str]:
     found = problems(runs, machines, run_columns, machine_columns)
     if found:
         raise ValueError("\n".join(found))
-    docs = _docs(root, runs, machines)
+    goals = _goals(root)
+    docs = _docs(root, runs, machines, goals)
     readme = (root / README).read_text(encoding="utf-8")
-    return {**docs, README: readme_with_section(readme, render_readme_section(runs, _goals(root)))}
+    return {**docs, README: readme_with_section(readme, render_readme_section(runs, goals))}
 
 
 def stale(root: Path) -> list[str]:
@@ -1512,7 +1524,7 @@ def write(root: Path) -> list[str]:
         missing = e
         run_columns, runs = read_csv(root / RUNS_CSV)
         _, machines = read_csv(root / MACHINES_CSV)
-        want = _docs(root, runs, machines)
+        want = _docs(root, runs, machines, _goals(root))
     written = []
     for path, text in want.items():
         if _read(root / path) != text:
